@@ -1,0 +1,1 @@
+"""tagplan: deployment planning for distributed DNN training on heterogeneous GPUs."""

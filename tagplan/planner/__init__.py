@@ -1,0 +1,1 @@
+"""The planning engine. Imports no web, queue or database code (DESIGN.md §1)."""

@@ -1,0 +1,1 @@
+"""REST service: API, persistence, auth (DESIGN.md §9)."""

@@ -1,0 +1,1 @@
+"""Celery application and planning tasks (DESIGN.md §9)."""
