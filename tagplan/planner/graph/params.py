@@ -1,0 +1,273 @@
+"""Trainable parameters, their gradients, the ops that apply them, and optimizer slots.
+
+Two graph styles occur (DESIGN.md §2):
+
+* TF1 style: each parameter is updated by one fused apply op (``ResourceApplyAdam``,
+  ``ApplyGradientDescent``, ...). Its ``var`` input is the parameter, its ``grad`` input
+  the gradient, and its other variable inputs (``m``, ``v``, ``accum``) the slots.
+* TF2 concrete functions: variables are captured as ``DT_RESOURCE`` placeholders and a
+  Keras optimizer is decomposed into elementwise ops ending in ``AssignSubVariableOp`` /
+  ``AssignVariableOp`` / ``AssignAddVariableOp``. A variable is a parameter when a read of
+  it reaches the loss and a write to it depends on the batch; its *update region* is grown
+  backwards from that write over ops that touch no batch tensor and feed nothing else,
+  pulling in the writes of every slot variable read there. The gradient is the one
+  batch-dependent tensor that enters the region.
+
+TAG §4.1.1 keeps a parameter with its apply op and optimizer slots; the region is what
+the grouping must keep together.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.parsed import ParsedGraph, attr_value
+from tagplan.planner.graph.protos import DT_RESOURCE, op_registry
+
+__all__ = ["VARIABLE_OPS", "WRITE_OPS", "ParameterInfo", "find_parameters", "variable_source"]
+
+VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+WRITE_OPS = frozenset(
+    {
+        "AssignVariableOp",
+        "AssignSubVariableOp",
+        "AssignAddVariableOp",
+        "Assign",
+        "AssignSub",
+        "AssignAdd",
+    }
+)
+_PASS_THROUGH = frozenset({"Identity", "IdentityN"})
+
+
+@dataclass(eq=False)
+class ParameterInfo:
+    """One trainable parameter. Indices are node indices of the parsed graph."""
+
+    variable: int
+    gradient: tuple[int, int]  # (producer node, output slot)
+    apply: int
+    slots: list[int] = field(default_factory=list)
+    region: list[int] = field(default_factory=list)  # update ops kept with the parameter
+
+
+def is_variable(graph: ParsedGraph, node: int) -> bool:
+    op = graph.ops[node]
+    if op in VARIABLE_OPS:
+        return True
+    return op == "Placeholder" and attr_value(graph.nodes[node], "dtype") == DT_RESOURCE
+
+
+def variable_source(graph: ParsedGraph, producer: int, slot: int = 0) -> int | None:
+    """The variable node a resource (or ref) tensor comes from, through identities."""
+    while graph.ops[producer] in _PASS_THROUGH and graph.data_inputs[producer]:
+        producer, slot = graph.data_inputs[producer][
+            slot if graph.ops[producer] == "IdentityN" else 0
+        ]
+    return producer if is_variable(graph, producer) else None
+
+
+def _input_positions(op_type: str) -> dict[str, int] | None:
+    op_def = op_registry().get(op_type)
+    if op_def is None or any(a.number_attr or a.type_list_attr for a in op_def.input_arg):
+        return None
+    return {arg.name: position for position, arg in enumerate(op_def.input_arg)}
+
+
+def _is_apply(op_type: str) -> bool:
+    positions = _input_positions(op_type)
+    return positions is not None and "grad" in positions and "var" in positions
+
+
+def batch_dependence(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
+    """Per node: does any data input depend, transitively, on a batch input?"""
+    depends = np.zeros(graph.num_nodes, dtype=bool)
+    depends[batch_inputs] = True
+    for node in graph.topo_order.tolist():
+        if not depends[node]:
+            depends[node] = any(depends[p] for p, _ in graph.data_inputs[node])
+    return depends
+
+
+def _ancestors(graph: ParsedGraph, roots: list[int]) -> np.ndarray:
+    seen = np.zeros(graph.num_nodes, dtype=bool)
+    queue = deque(roots)
+    seen[roots] = True
+    while queue:
+        node = queue.popleft()
+        for producer, _ in graph.data_inputs[node]:
+            if not seen[producer]:
+                seen[producer] = True
+                queue.append(producer)
+    return seen
+
+
+class _Finder:
+    def __init__(
+        self,
+        graph: ParsedGraph,
+        depends: np.ndarray,
+        touches_batch: np.ndarray,
+        loss: int | None,
+    ) -> None:
+        self.graph = graph
+        self.depends = depends
+        self.touches_batch = touches_batch
+        self.loss = loss
+        self.consumers = graph.consumers()
+        self.reads: dict[int, list[int]] = {}
+        self.writes: dict[int, list[int]] = {}
+        for node, inputs in enumerate(graph.data_inputs):
+            if not inputs:
+                continue
+            variable = variable_source(graph, *inputs[0])
+            if variable is None:
+                continue
+            if graph.ops[node] in WRITE_OPS:
+                self.writes.setdefault(variable, []).append(node)
+            elif graph.ops[node] == "ReadVariableOp":
+                self.reads.setdefault(variable, []).append(node)
+
+    def fused(self) -> list[ParameterInfo]:
+        graph = self.graph
+        found: list[ParameterInfo] = []
+        for node, op in enumerate(graph.ops):
+            if not _is_apply(op):
+                continue
+            positions = _input_positions(op)
+            assert positions is not None
+            inputs = graph.data_inputs[node]
+            variable = variable_source(graph, *inputs[positions["var"]])
+            if variable is None:
+                raise InvalidInput(f"apply op {graph.names[node]!r} does not update a variable")
+            slots = []
+            for name, position in positions.items():
+                if name == "var":
+                    continue
+                slot_variable = variable_source(graph, *inputs[position])
+                if slot_variable is not None:
+                    slots.append(slot_variable)
+            found.append(
+                ParameterInfo(
+                    variable=variable,
+                    gradient=inputs[positions["grad"]],
+                    apply=node,
+                    slots=slots,
+                    region=[node],
+                )
+            )
+        return found
+
+    def _reaches_loss(self, variable: int, loss_ancestors: np.ndarray | None) -> bool:
+        reads = self.reads.get(variable, [])
+        if loss_ancestors is not None:
+            return any(loss_ancestors[r] for r in reads)
+        return any(
+            self.touches_batch[consumer] for r in reads for consumer, _, _ in self.consumers[r]
+        )
+
+    def decomposed(self, exclude: set[int]) -> list[ParameterInfo]:
+        loss_ancestors = _ancestors(self.graph, [self.loss]) if self.loss is not None else None
+        candidates = [
+            v
+            for v, writes in self.writes.items()
+            if v not in exclude
+            and any(self.depends[w] for w in writes)
+            and self._reaches_loss(v, loss_ancestors)
+        ]
+        found: list[ParameterInfo] = []
+        for variable in candidates:
+            writes = [w for w in self.writes[variable] if self.depends[w]]
+            if len(writes) != 1:
+                names = [self.graph.names[w] for w in writes]
+                raise InvalidInput(
+                    f"parameter {self.graph.names[variable]!r} is written by {len(writes)} "
+                    f"batch-dependent ops {names}; expected one update"
+                )
+            found.append(self._region(variable, writes[0]))
+        return found
+
+    def _region(self, variable: int, write: int) -> ParameterInfo:
+        graph = self.graph
+        region = {write}
+        slots: list[int] = []
+        queue = deque([write])
+        while queue:
+            node = queue.popleft()
+            for producer, _ in graph.data_inputs[node]:
+                if producer in region or self.touches_batch[producer]:
+                    continue
+                if is_variable(graph, producer):
+                    continue
+                read_of = (
+                    variable_source(graph, *graph.data_inputs[producer][0])
+                    if graph.ops[producer] == "ReadVariableOp"
+                    else None
+                )
+                if read_of is not None and read_of != variable and read_of not in slots:
+                    slot_writes = [w for w in self.writes.get(read_of, []) if self.depends[w]]
+                    if slot_writes:
+                        slots.append(read_of)
+                        for slot_write in slot_writes:
+                            if slot_write not in region:
+                                region.add(slot_write)
+                                queue.append(slot_write)
+                if not all(c in region for c, _, _ in self.consumers[producer]):
+                    continue
+                region.add(producer)
+                queue.append(producer)
+        entering = {
+            (producer, slot)
+            for node in region
+            for producer, slot in graph.data_inputs[node]
+            if producer not in region and self.depends[producer]
+        }
+        if len(entering) != 1:
+            names = sorted(f"{graph.names[p]}:{s}" for p, s in entering)
+            raise InvalidInput(
+                f"cannot identify the gradient of parameter {graph.names[variable]!r}: "
+                f"{len(entering)} batch-dependent tensors enter its update ({names[:4]})"
+            )
+        order = {n: i for i, n in enumerate(graph.topo_order.tolist())}
+        return ParameterInfo(
+            variable=variable,
+            gradient=entering.pop(),
+            apply=write,
+            slots=slots,
+            region=sorted(region, key=order.__getitem__),
+        )
+
+
+def find_parameters(
+    graph: ParsedGraph,
+    *,
+    batch_inputs: list[int],
+    touches_batch: np.ndarray,
+    loss: int | None,
+) -> list[ParameterInfo]:
+    """Every trainable parameter with its gradient, apply op and slots.
+
+    ``touches_batch[n]`` says whether node ``n`` has an input or output carrying the batch
+    dimension; ``loss`` is the loss node when known (needed only for TF2-style graphs).
+    """
+    finder = _Finder(graph, batch_dependence(graph, batch_inputs), touches_batch, loss)
+    fused = finder.fused()
+    taken = {p.variable for p in fused} | {s for p in fused for s in p.slots}
+    found = fused + finder.decomposed(taken)
+    if not found:
+        raise InvalidInput(
+            "graph has no trainable parameters: no apply op (e.g. ResourceApplyAdam) and no "
+            "batch-dependent variable update reaching the loss; is it a training graph?"
+        )
+    seen: dict[int, int] = {}
+    for info in found:
+        if info.variable in seen:
+            raise InvalidInput(
+                f"parameter {graph.names[info.variable]!r} is updated by two apply ops"
+            )
+        seen[info.variable] = info.apply
+    return found
