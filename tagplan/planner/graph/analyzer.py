@@ -336,7 +336,7 @@ def analyze(
             axes.append(axis)
             aggregations.append(int(batch.aggregation[flat]))
             byte_counts.append(_numel(shape) * DTYPE_BYTES.get(dtype, 4))
-    output_ptr = np.array(output_rows + [len(producers)], dtype=np.int32)
+    output_ptr = np.array([*output_rows, len(producers)], dtype=np.int32)
 
     input_rows = [[tensor_of[e] for e in simplified.data_inputs[n]] for n in kept]
     consumer_rows: list[list[int]] = [[] for _ in producers]
