@@ -154,8 +154,8 @@ def _shape_token(shape: Shape, axis: int, graph_batch: int) -> str:
 
 def _attr_token(value: Any) -> str | None:
     kind = value.WhichOneof("value")
-    if kind in ("tensor", "func", "placeholder") or kind is None:
-        return None
+    if kind in ("tensor", "func", "placeholder", "shape") or kind is None:
+        return None  # values, functions and shapes: the input shapes already say them
     if kind == "list":
         items = (
             [str(v) for v in value.list.i]
@@ -169,8 +169,6 @@ def _attr_token(value: Any) -> str | None:
         return dtype_name(value.type)
     if kind == "s":
         return value.s.decode(errors="replace")
-    if kind == "shape":
-        return "[" + ",".join(str(d.size) for d in value.shape.dim) + "]"
     if kind == "f":
         return f"{value.f:g}"
     return str(getattr(value, kind))

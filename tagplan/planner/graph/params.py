@@ -78,9 +78,13 @@ def _input_positions(op_type: str) -> dict[str, int] | None:
     return {arg.name: position for position, arg in enumerate(op_def.input_arg)}
 
 
-def _is_apply(op_type: str) -> bool:
+def _gradient_argument(op_type: str) -> str | None:
+    """The input that carries the gradient: ``grad`` (Adam, Momentum, ...) or ``delta``
+    (gradient descent), for ops that update a ``var`` input."""
     positions = _input_positions(op_type)
-    return positions is not None and "grad" in positions and "var" in positions
+    if positions is None or "var" not in positions:
+        return None
+    return next((name for name in ("grad", "delta") if name in positions), None)
 
 
 def batch_dependence(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
@@ -136,7 +140,8 @@ class _Finder:
         graph = self.graph
         found: list[ParameterInfo] = []
         for node, op in enumerate(graph.ops):
-            if not _is_apply(op):
+            gradient_argument = _gradient_argument(op)
+            if gradient_argument is None:
                 continue
             positions = _input_positions(op)
             assert positions is not None
@@ -146,7 +151,7 @@ class _Finder:
                 raise InvalidInput(f"apply op {graph.names[node]!r} does not update a variable")
             slots = []
             for name, position in positions.items():
-                if name == "var":
+                if name in ("var", gradient_argument):
                     continue
                 slot_variable = variable_source(graph, *inputs[position])
                 if slot_variable is not None:
@@ -154,7 +159,7 @@ class _Finder:
             found.append(
                 ParameterInfo(
                     variable=variable,
-                    gradient=inputs[positions["grad"]],
+                    gradient=inputs[positions[gradient_argument]],
                     apply=node,
                     slots=slots,
                     region=[node],
