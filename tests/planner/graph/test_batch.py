@@ -12,29 +12,34 @@ B = 6
 CONCAT, SUM, NONE = SplitCategory.SPLIT_CONCAT, SplitCategory.SPLIT_SUM, SplitCategory.NONE
 
 
-def run(nodes: list[dict], inputs: tuple[str, ...] = ("x",)):
-    graph = parse_graph(graph_def(document(nodes)))
-    result = propagate_batch(
-        graph,
-        batch_inputs=[graph.index[n] for n in inputs],
-        graph_batch_size=B,
-        stateful=[False] * graph.num_nodes,
-    )
+class Probe:
+    """Propagation results over a hand-built graph, looked up by node name."""
 
-    def axis(name: str, slot: int = 0) -> int:
-        return result.axis(graph.index[name], slot)
+    def __init__(self, nodes: list[dict], inputs: tuple[str, ...] = ("x",)) -> None:
+        self.graph = parse_graph(graph_def(document(nodes)))
+        self.result = propagate_batch(
+            self.graph,
+            batch_inputs=[self.graph.index[n] for n in inputs],
+            graph_batch_size=B,
+            stateful=[False] * self.graph.num_nodes,
+        )
 
-    def category(name: str) -> SplitCategory:
-        return SplitCategory(int(result.category[graph.index[name]]))
+    def axis(self, name: str, slot: int = 0) -> int:
+        return self.result.axis(self.graph.index[name], slot)
 
-    def aggregation(name: str, slot: int = 0) -> Aggregation:
-        return Aggregation(int(result.aggregation[result.output_offset[graph.index[name]] + slot]))
+    def category(self, name: str) -> SplitCategory:
+        return SplitCategory(int(self.result.category[self.graph.index[name]]))
 
-    return axis, category, aggregation, result, graph
+    def aggregation(self, name: str, slot: int = 0) -> Aggregation:
+        offset = self.result.output_offset[self.graph.index[name]]
+        return Aggregation(int(self.result.aggregation[offset + slot]))
+
+    def batch_statistics(self, name: str) -> bool:
+        return bool(self.result.batch_statistics[self.graph.index[name]])
 
 
 def test_matmul_rows_concat_and_batch_contraction_sums() -> None:
-    axis, category, aggregation, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 4]),
             placeholder("w", [4, 3]),
@@ -44,14 +49,14 @@ def test_matmul_rows_concat_and_batch_contraction_sums() -> None:
             op("outer", "MatMul", ["x", "x"], [B, B], transpose_b=True),
         ]
     )
-    assert (axis("y"), category("y")) == (0, CONCAT)
-    assert (axis("dw"), category("dw"), aggregation("dw")) == (-1, SUM, Aggregation.SUM)
-    assert (axis("yt"), category("yt")) == (1, CONCAT)
-    assert category("outer") == NONE  # every row meets every other row: not splittable
+    assert (p.axis("y"), p.category("y")) == (0, CONCAT)
+    assert (p.axis("dw"), p.category("dw"), p.aggregation("dw")) == (-1, SUM, Aggregation.SUM)
+    assert (p.axis("yt"), p.category("yt")) == (1, CONCAT)
+    assert p.category("outer") == NONE  # every row meets every other row: not splittable
 
 
 def test_batch_matmul_keeps_leading_batch_and_sums_contraction() -> None:
-    axis, category, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 2, 5, 8]),
             op("scores", "BatchMatMulV2", ["x", "x"], [B, 2, 5, 5], adj_y=True),
@@ -60,9 +65,9 @@ def test_batch_matmul_keeps_leading_batch_and_sums_contraction() -> None:
             op("grad", "BatchMatMulV2", ["xt", "x"], [8, 2, 5, 8]),
         ]
     )
-    assert (axis("scores"), category("scores")) == (0, CONCAT)
-    assert axis("xt") == 3
-    assert category("grad") == NONE  # batch is the leading dim of one, a matrix dim of the other
+    assert (p.axis("scores"), p.category("scores")) == (0, CONCAT)
+    assert p.axis("xt") == 3
+    assert p.category("grad") == NONE  # batch is the leading dim of one, a matrix dim of the other
 
 
 @pytest.mark.parametrize(
@@ -82,7 +87,7 @@ def test_reshape_follows_the_batch_block(in_shape, out_shape, expected_axis) -> 
         op("r", "Reshape", ["p", "shape"], out_shape, Tshape={"type": "int32"}),
     ]
     if batch_axis == 0:
-        axis, category, *_ = run(nodes, inputs=("p",))
+        p = Probe(nodes, inputs=("p",))
     else:  # make p carry the batch on axis 1 through a transpose of a batch input
         nodes = [
             placeholder("x", [B, *in_shape[:1], *in_shape[2:]]),
@@ -90,13 +95,13 @@ def test_reshape_follows_the_batch_block(in_shape, out_shape, expected_axis) -> 
             op("p", "Transpose", ["x", "perm"], in_shape),
             *nodes[1:],
         ]
-        axis, category, *_ = run(nodes)
-    assert axis("r") == expected_axis
-    assert category("r") == (CONCAT if expected_axis >= 0 else NONE)
+        p = Probe(nodes)
+    assert p.axis("r") == expected_axis
+    assert p.category("r") == (CONCAT if expected_axis >= 0 else NONE)
 
 
 def test_reductions() -> None:
-    axis, category, aggregation, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 4]),
             const("batch_axis", [0]),
@@ -107,14 +112,14 @@ def test_reductions() -> None:
             op("max_f_kept", "Max", ["x", "feature_axis"], [B, 1], keep_dims=True),
         ]
     )
-    assert (category("sum_b"), aggregation("sum_b")) == (SUM, Aggregation.SUM)
-    assert (category("mean_b"), aggregation("mean_b")) == (NONE, Aggregation.LOST)
-    assert (axis("mean_f"), category("mean_f")) == (0, CONCAT)
-    assert axis("max_f_kept") == 0
+    assert (p.category("sum_b"), p.aggregation("sum_b")) == (SUM, Aggregation.SUM)
+    assert (p.category("mean_b"), p.aggregation("mean_b")) == (NONE, Aggregation.LOST)
+    assert (p.axis("mean_f"), p.category("mean_f")) == (0, CONCAT)
+    assert p.axis("max_f_kept") == 0
 
 
 def test_gradient_ops_sum_over_the_batch() -> None:
-    axis, category, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 8, 8, 3]),
             placeholder("dy", [B, 8, 8, 16]),
@@ -131,13 +136,13 @@ def test_gradient_ops_sum_over_the_batch() -> None:
         ],
         inputs=("x", "dy"),
     )
-    assert category("dfilter") == SUM
-    assert category("dbias") == SUM
+    assert p.category("dfilter") == SUM
+    assert p.category("dbias") == SUM
 
 
 def test_batch_norm_splits_with_local_statistics() -> None:
     bn_outputs = [("float32", [B, 4, 4, 8])] + [("float32", [8])] * 5
-    axis, category, aggregation, result, graph = run(
+    p = Probe(
         [
             placeholder("x", [B, 4, 4, 8]),
             placeholder("scale", [8]),
@@ -152,13 +157,13 @@ def test_batch_norm_splits_with_local_statistics() -> None:
             ),
         ]
     )
-    assert (category("bn"), axis("bn")) == (CONCAT, 0)
-    assert aggregation("bn", 1) == Aggregation.MEAN
-    assert result.batch_statistics[graph.index["bn"]]
+    assert (p.category("bn"), p.axis("bn")) == (CONCAT, 0)
+    assert p.aggregation("bn", 1) == Aggregation.MEAN
+    assert p.batch_statistics("bn")
 
 
 def test_gather_and_segment_sum_for_embeddings() -> None:
-    axis, category, *_ = run(
+    p = Probe(
         [
             placeholder("ids", [B, 5], dtype="int32"),
             placeholder("table", [100, 16]),
@@ -194,12 +199,12 @@ def test_gather_and_segment_sum_for_embeddings() -> None:
         ],
         inputs=("ids",),
     )
-    assert (axis("emb"), category("emb")) == (0, CONCAT)
-    assert category("dtable") == SUM
+    assert (p.axis("emb"), p.category("emb")) == (0, CONCAT)
+    assert p.category("dtable") == SUM
 
 
 def test_concat_along_the_batch_is_not_splittable() -> None:
-    axis, category, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 4]),
             const("a0", [0]),
@@ -208,26 +213,26 @@ def test_concat_along_the_batch_is_not_splittable() -> None:
             op("cat_batch", "ConcatV2", ["x", "x", "a0"], [2 * B, 4], N=2),
         ]
     )
-    assert (axis("cat_features"), category("cat_features")) == (0, CONCAT)
-    assert category("cat_batch") == NONE
+    assert (p.axis("cat_features"), p.category("cat_features")) == (0, CONCAT)
+    assert p.category("cat_batch") == NONE
 
 
 def test_unknown_and_shape_ops_are_never_split() -> None:
-    axis, category, aggregation, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B, 4]),
             node("mystery", "MyCustomOp", ["x"], [("float32", [B, 4])]),
             node("shape", "Shape", ["x"], [("int32", [2])], T=F32, out_type={"type": "int32"}),
         ]
     )
-    assert category("mystery") == NONE
-    assert axis("mystery") == -1
-    assert category("shape") == NONE
+    assert p.category("mystery") == NONE
+    assert p.axis("mystery") == -1
+    assert p.category("shape") == NONE
 
 
 def test_batch_sized_tensors_built_from_constants_are_marked() -> None:
     """The mean's gradient: a scalar tiled over the batch meets the per-example loss."""
-    axis, category, *_ = run(
+    p = Probe(
         [
             placeholder("x", [B]),
             placeholder("g", [1]),
@@ -237,6 +242,6 @@ def test_batch_sized_tensors_built_from_constants_are_marked() -> None:
             op("prod", "Mul", ["x", "scaled"], [B]),
         ]
     )
-    assert axis("prod") == 0
-    assert axis("scaled") == 0 and category("scaled") == CONCAT
-    assert axis("tiled") == 0 and category("tiled") == NONE  # made from non-batch inputs
+    assert p.axis("prod") == 0
+    assert p.axis("scaled") == 0 and p.category("scaled") == CONCAT
+    assert p.axis("tiled") == 0 and p.category("tiled") == NONE  # made from non-batch inputs
