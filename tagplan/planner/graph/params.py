@@ -87,13 +87,22 @@ def _gradient_argument(op_type: str) -> str | None:
     return next((name for name in ("grad", "delta") if name in positions), None)
 
 
-def batch_dependence(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
-    """Per node: does any data input depend, transitively, on a batch input?"""
+def batch_dependence(
+    graph: ParsedGraph, batch_inputs: list[int], *, through_control: bool = False
+) -> np.ndarray:
+    """Per node: does it depend, transitively, on a batch input?
+
+    Over data edges only, or also over control edges: a variable read ordered after a
+    batch-dependent write sees the batch through the variable's state.
+    """
     depends = np.zeros(graph.num_nodes, dtype=bool)
     depends[batch_inputs] = True
     for node in graph.topo_order.tolist():
         if not depends[node]:
-            depends[node] = any(depends[p] for p, _ in graph.data_inputs[node])
+            preds = [p for p, _ in graph.data_inputs[node]]
+            if through_control:
+                preds += graph.control_inputs[node]
+            depends[node] = bool(depends[preds].any()) if preds else False
     return depends
 
 
@@ -115,11 +124,13 @@ class _Finder:
         self,
         graph: ParsedGraph,
         depends: np.ndarray,
+        updated_by_batch: np.ndarray,
         touches_batch: np.ndarray,
         loss: int | None,
     ) -> None:
         self.graph = graph
         self.depends = depends
+        self.updated_by_batch = updated_by_batch
         self.touches_batch = touches_batch
         self.loss = loss
         self.consumers = graph.consumers()
@@ -181,12 +192,12 @@ class _Finder:
             v
             for v, writes in self.writes.items()
             if v not in exclude
-            and any(self.depends[w] for w in writes)
+            and any(self.updated_by_batch[w] for w in writes)
             and self._reaches_loss(v, loss_ancestors)
         ]
         found: list[ParameterInfo] = []
         for variable in candidates:
-            writes = [w for w in self.writes[variable] if self.depends[w]]
+            writes = [w for w in self.writes[variable] if self.updated_by_batch[w]]
             if len(writes) != 1:
                 names = [self.graph.names[w] for w in writes]
                 raise InvalidInput(
@@ -214,7 +225,9 @@ class _Finder:
                     else None
                 )
                 if read_of is not None and read_of != variable and read_of not in slots:
-                    slot_writes = [w for w in self.writes.get(read_of, []) if self.depends[w]]
+                    slot_writes = [
+                        w for w in self.writes.get(read_of, []) if self.updated_by_batch[w]
+                    ]
                     if slot_writes:
                         slots.append(read_of)
                         for slot_write in slot_writes:
@@ -259,7 +272,13 @@ def find_parameters(
     ``touches_batch[n]`` says whether node ``n`` has an input or output carrying the batch
     dimension; ``loss`` is the loss node when known (needed only for TF2-style graphs).
     """
-    finder = _Finder(graph, batch_dependence(graph, batch_inputs), touches_batch, loss)
+    finder = _Finder(
+        graph,
+        batch_dependence(graph, batch_inputs),
+        batch_dependence(graph, batch_inputs, through_control=True),
+        touches_batch,
+        loss,
+    )
     fused = finder.fused()
     taken = {p.variable for p in fused} | {s for p in fused for s in p.slots}
     found = fused + finder.decomposed(taken)
