@@ -1,0 +1,52 @@
+"""Rewrite one marked section of BENCHMARKS.md, keeping the others."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+_HEADER = (
+    "# Benchmarks\n\n"
+    "Each section is written by the script named in its command, on the machine it names. "
+    "Figures are medians of repeated runs in one invocation; machines are shared, so compare "
+    "ratios measured in the same run rather than figures across sections.\n"
+)
+
+
+def machine() -> str:
+    """One line describing where the figures were measured."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def write_section(key: str, title: str, command: str, body: str) -> None:
+    """Replace (or append) the section ``key`` of BENCHMARKS.md."""
+    begin, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    section = (
+        f"{begin}\n## {title}\n\n"
+        f"Command: `{command}`  \nMeasured {stamp} on {machine()}.\n\n{body.strip()}\n{end}"
+    )
+    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else _HEADER
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    BENCHMARKS.write_text(text)
