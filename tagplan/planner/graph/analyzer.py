@@ -99,7 +99,7 @@ def _complete_shapes(graph: ParsedGraph, graph_def: Any, inputs: list[int], batc
         for node in inputs
         for shape in graph.output_shapes[node]
     )
-    missing = any(shape is None for shapes in graph.output_shapes for shape in shapes)
+    missing = not all(graph.shapes_given)
     if not unknown_batch and not missing:
         return
     inferred = infer_shapes(graph_def, {graph.names[node]: batch for node in inputs})
@@ -238,18 +238,6 @@ def _parameters(
     tensor_of: dict[tuple[int, int], int],
     tensor_bytes: np.ndarray,
 ) -> Parameters:
-    def variable_bytes(node: int) -> int:
-        shape = attr_value(graph.nodes[node], "shape")
-        dtype = attr_value(graph.nodes[node], "dtype")
-        if shape is None and graph.ops[node] == "Placeholder":
-            handle = graph.nodes[node].attr.get("_handle_shapes")
-            handle_types = attr_value(graph.nodes[node], "_handle_dtypes") or [1]
-            if handle is not None and handle.list.shape:
-                dims = handle.list.shape[0]
-                shape = None if dims.unknown_rank else tuple(d.size for d in dims.dim)
-                dtype = handle_types[0]
-        return _numel(shape) * DTYPE_BYTES.get(dtype or 1, 4)
-
     missing = [graph.names[i.variable] for i in infos if i.variable not in position]
     if missing:
         raise InvalidInput(f"parameters {missing[:3]} are not part of the training step")
@@ -261,13 +249,11 @@ def _parameters(
     return Parameters(
         names=tuple(graph.names[i.variable] for i in infos),
         variable_op=np.array([position[i.variable] for i in infos], dtype=np.int32),
-        bytes=np.array([variable_bytes(i.variable) for i in infos], dtype=np.int64),
+        bytes=np.array([i.bytes for i in infos], dtype=np.int64),
         gradient_tensor=gradient_tensors,
         gradient_bytes=tensor_bytes[gradient_tensors].astype(np.int64),
         apply_op=np.array([position[i.apply] for i in infos], dtype=np.int32),
-        slot_bytes=np.array(
-            [sum(variable_bytes(s) for s in i.slots) for i in infos], dtype=np.int64
-        ),
+        slot_bytes=np.array([i.slot_bytes for i in infos], dtype=np.int64),
         slot_ptr=slot_ptr,
         slot_op=slot_op,
         region_ptr=region_ptr,

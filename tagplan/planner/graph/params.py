@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.graph.parsed import ParsedGraph, attr_value
-from tagplan.planner.graph.protos import DT_RESOURCE, op_registry
+from tagplan.planner.graph.parsed import ParsedGraph, attr_value, shape_from_proto
+from tagplan.planner.graph.protos import DT_RESOURCE, DTYPE_BYTES, op_registry
 
 __all__ = ["VARIABLE_OPS", "WRITE_OPS", "ParameterInfo", "find_parameters", "variable_source"]
 
@@ -53,6 +53,8 @@ class ParameterInfo:
     apply: int
     slots: list[int] = field(default_factory=list)
     region: list[int] = field(default_factory=list)  # update ops kept with the parameter
+    bytes: int = 0
+    slot_bytes: int = 0
 
 
 def is_variable(graph: ParsedGraph, node: int) -> bool:
@@ -146,6 +148,24 @@ class _Finder:
                 self.writes.setdefault(variable, []).append(node)
             elif graph.ops[node] == "ReadVariableOp":
                 self.reads.setdefault(variable, []).append(node)
+
+    def variable_bytes(self, variable: int) -> int:
+        """Bytes of a variable's value: its ``shape``/``dtype`` attributes, the handle data
+        of a captured resource, or else what a read of it produces."""
+        node = self.graph.nodes[variable]
+        shape, dtype = attr_value(node, "shape"), attr_value(node, "dtype")
+        if dtype == DT_RESOURCE:
+            shapes = node.attr["_handle_shapes"].list.shape if "_handle_shapes" in node.attr else []
+            dtypes = attr_value(node, "_handle_dtypes") or []
+            shape = shape_from_proto(shapes[0]) if shapes else None
+            dtype = dtypes[0] if dtypes else None
+        for read in self.reads.get(variable, []):
+            if shape is None or dtype is None or -1 in shape:
+                shape = self.graph.output_shapes[read][0]
+                dtype = self.graph.output_dtypes[read][0]
+        if shape is None or dtype is None:
+            return 0
+        return int(np.prod([max(d, 0) for d in shape], dtype=np.int64)) * DTYPE_BYTES.get(dtype, 4)
 
     def fused(self) -> list[ParameterInfo]:
         graph = self.graph
@@ -282,6 +302,9 @@ def find_parameters(
     fused = finder.fused()
     taken = {p.variable for p in fused} | {s for p in fused for s in p.slots}
     found = fused + finder.decomposed(taken)
+    for info in found:
+        info.bytes = finder.variable_bytes(info.variable)
+        info.slot_bytes = sum(finder.variable_bytes(slot) for slot in info.slots)
     if not found:
         raise InvalidInput(
             "graph has no trainable parameters: no apply op (e.g. ResourceApplyAdam) and no "

@@ -43,6 +43,7 @@ class ParsedGraph:
     output_dtypes: list[list[int]]
     output_shapes: list[list[Shape]]
     known_op: list[bool]
+    shapes_given: list[bool]  # the node carries _output_shapes (unknown entries are real)
     topo_order: np.ndarray = field(repr=False)
 
     @property
@@ -196,6 +197,7 @@ def parse_graph(graph_def: Any) -> ParsedGraph:
     output_dtypes: list[list[int]] = []
     output_shapes: list[list[Shape]] = []
     known_op: list[bool] = []
+    shapes_given: list[bool] = []
     for position, node in enumerate(nodes):
         op_def = registry.get(node.op)
         known_op.append(op_def is not None)
@@ -205,7 +207,8 @@ def parse_graph(graph_def: Any) -> ParsedGraph:
         elif op_def is not None:
             dtypes = _registry_output_dtypes(node, op_def)
         shapes: list[Shape] | None = None
-        if OUTPUT_SHAPES_ATTR in node.attr:
+        shapes_given.append(OUTPUT_SHAPES_ATTR in node.attr)
+        if shapes_given[-1]:
             shapes = [shape_from_proto(s) for s in node.attr[OUTPUT_SHAPES_ATTR].list.shape]
         if dtypes is None:
             # An op TensorFlow does not know: as many outputs as its shapes or its readers
@@ -220,6 +223,7 @@ def parse_graph(graph_def: Any) -> ParsedGraph:
             )
         if shapes is None or len(shapes) != len(dtypes):
             shapes = [None] * len(dtypes) if shapes is None else _pad(shapes, len(dtypes))
+        shapes_given[-1] = shapes_given[-1] or not dtypes
         output_dtypes.append(dtypes)
         output_shapes.append(shapes)
 
@@ -235,6 +239,7 @@ def parse_graph(graph_def: Any) -> ParsedGraph:
         output_dtypes=output_dtypes,
         output_shapes=output_shapes,
         known_op=known_op,
+        shapes_given=shapes_given,
         topo_order=order,
     )
 
