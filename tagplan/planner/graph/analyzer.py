@@ -49,18 +49,24 @@ def _find_batch_inputs(graph: ParsedGraph, names: Sequence[str] | None) -> list[
         missing = [n for n in names if n not in graph.index]
         if missing:
             raise InvalidInput(f"batch inputs {missing} are not nodes of the graph")
-        return [graph.index[n] for n in names]
-    found = []
-    for node, op in enumerate(graph.ops):
-        if op not in _INPUT_OPS and op != "IteratorGetNext":
-            continue
-        if op in _INPUT_OPS and attr_value(graph.nodes[node], "dtype") == DT_RESOURCE:
-            continue
-        shapes = graph.output_shapes[node]
-        if op in _INPUT_OPS and shapes[0] is None and "shape" in graph.nodes[node].attr:
-            shapes[0] = attr_value(graph.nodes[node], "shape")
-        if any(shape is None or len(shape) >= 1 for shape in shapes):
-            found.append(node)
+        found = [graph.index[n] for n in names]
+    else:
+        found = [
+            node
+            for node, op in enumerate(graph.ops)
+            if op == "IteratorGetNext"
+            or (op in _INPUT_OPS and attr_value(graph.nodes[node], "dtype") != DT_RESOURCE)
+        ]
+    for node in found:
+        # A placeholder's declared shape stands in when the graph carries no output shapes.
+        if graph.ops[node] in _INPUT_OPS and graph.output_shapes[node][0] is None:
+            graph.output_shapes[node][0] = attr_value(graph.nodes[node], "shape")
+    if not names:
+        found = [
+            node
+            for node in found
+            if any(shape is None or len(shape) >= 1 for shape in graph.output_shapes[node])
+        ]
     if not found:
         raise InvalidInput(
             "graph has no batch input: expected Placeholder (or IteratorGetNext) nodes that "

@@ -108,13 +108,22 @@ def batch_dependence(
     return depends
 
 
-def _ancestors(graph: ParsedGraph, roots: list[int]) -> np.ndarray:
+# Training-mode batch norm reads its running mean and variance (inputs 3 and 4) only to
+# update them: they do not reach the normalized output the loss is computed from.
+_BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+
+
+def _loss_ancestors(graph: ParsedGraph, loss: int) -> np.ndarray:
+    """Nodes whose value the loss depends on, over data edges."""
     seen = np.zeros(graph.num_nodes, dtype=bool)
-    queue = deque(roots)
-    seen[roots] = True
+    queue = deque([loss])
+    seen[loss] = True
     while queue:
         node = queue.popleft()
-        for producer, _ in graph.data_inputs[node]:
+        inputs = graph.data_inputs[node]
+        if graph.ops[node] in _BATCH_NORMS and attr_value(graph.nodes[node], "is_training", True):
+            inputs = inputs[:3]
+        for producer, _ in inputs:
             if not seen[producer]:
                 seen[producer] = True
                 queue.append(producer)
@@ -206,13 +215,12 @@ class _Finder:
             self.touches_batch[consumer] for r in reads for consumer, _, _ in self.consumers[r]
         )
 
-    def decomposed(self, exclude: set[int]) -> list[ParameterInfo]:
-        loss_ancestors = _ancestors(self.graph, [self.loss]) if self.loss is not None else None
+    def decomposed(self) -> list[ParameterInfo]:
+        loss_ancestors = _loss_ancestors(self.graph, self.loss) if self.loss is not None else None
         candidates = [
             v
             for v, writes in self.writes.items()
-            if v not in exclude
-            and any(self.updated_by_batch[w] for w in writes)
+            if any(self.updated_by_batch[w] for w in writes)
             and self._reaches_loss(v, loss_ancestors)
         ]
         found: list[ParameterInfo] = []
@@ -299,9 +307,9 @@ def find_parameters(
         touches_batch,
         loss,
     )
-    fused = finder.fused()
-    taken = {p.variable for p in fused} | {s for p in fused for s in p.slots}
-    found = fused + finder.decomposed(taken)
+    # A graph with fused apply ops (TF1 optimizers) updates every parameter with one;
+    # its other batch-dependent writes are state such as batch-norm running averages.
+    found = finder.fused() or finder.decomposed()
     for info in found:
         info.bytes = finder.variable_bytes(info.variable)
         info.slot_bytes = sum(finder.variable_bytes(slot) for slot in info.slots)

@@ -1,0 +1,70 @@
+"""``tagplan analyze``: the analyzer's view of a training graph (TAG §4.1.1)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tagplan.cli.common import console, print_json, user_errors
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+
+
+def analyze_command(
+    graph: Annotated[
+        str, typer.Argument(help="Graph file (GraphDef .pb/.pbtxt[.gz] or JSON) or zoo:NAME.")
+    ],
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", "-b", help="Job batch size (default: the graph's)."),
+    ] = None,
+    loss: Annotated[
+        str | None, typer.Option(help="Name of the loss node (default: 'loss').")
+    ] = None,
+    batch_input: Annotated[
+        list[str] | None,
+        typer.Option("--batch-input", help="A node feeding training data (repeatable)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Import and analyze a training graph: ops, tensors, parameters, split categories."""
+    with user_errors():
+        source = load_graph_source(graph)
+        ir = analyze(
+            source.graph_def,
+            batch_size=batch_size,
+            batch_inputs=batch_input or source.batch_inputs,
+            loss=loss or source.loss,
+        )
+    summary = ir.summary()
+    summary["source"] = source.label
+    if as_json:
+        print_json(summary)
+        return
+    table = Table(title=f"{source.label} at batch size {ir.batch_size}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("ops (after simplification)", f"{ir.num_ops:,}")
+    table.add_row("tensors", f"{ir.num_tensors:,}")
+    table.add_row("parameters / gradients", f"{len(ir.parameters):,}")
+    table.add_row("parameter size", f"{ir.param_bytes / 2**20:,.1f} MiB")
+    table.add_row("optimizer slots", f"{summary['optimizer_slot_bytes'] / 2**20:,.1f} MiB")
+    table.add_row("batch-carrying tensors", f"{summary['batch_tensor_bytes'] / 2**20:,.1f} MiB")
+    for label, count in summary["split_categories"].items():
+        table.add_row(f"ops {label}", f"{count:,}")
+    dropped = ", ".join(f"{n} {reason}" for reason, n in summary["dropped"].items())
+    table.add_row("dropped", dropped)
+    table.add_row("loss", str(summary["loss"]))
+    table.add_row("batch inputs", ", ".join(summary["batch_inputs"]))
+    table.add_row("fingerprint", ir.fingerprint[:16])
+    console.print(table)
+    top = Counter(ir.op_types).most_common(8)
+    console.print("most frequent op types: " + ", ".join(f"{t} {n}" for t, n in top))
+    if ir.unknown_op_types:
+        console.print(
+            f"[yellow]op types TensorFlow does not know (category none):[/] "
+            f"{', '.join(ir.unknown_op_types)}"
+        )
