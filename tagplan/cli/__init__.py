@@ -1,0 +1,23 @@
+"""The ``tagplan`` command line: one entry point for every job a user or operator has."""
+
+from __future__ import annotations
+
+import typer
+
+from tagplan.cli import analyze, cluster, zoo
+
+app = typer.Typer(
+    name="tagplan",
+    help="Plan distributed training of TensorFlow graphs on heterogeneous GPU allocations.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("analyze")(analyze.analyze_command)
+app.command("cluster")(cluster.cluster_command)
+app.add_typer(zoo.app, name="zoo")
+
+
+def main() -> None:
+    """Console entry point."""
+    app()

@@ -1,0 +1,124 @@
+"""The ``tagplan`` command: JSON output, and bad input as exit code 2 with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tagplan.cli import app
+from tagplan.cli.common import EXIT_BAD_INPUT
+from tests.planner.graph.builders import dense_graph, document, op
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_analyze_json_has_the_documented_fields() -> None:
+    result = invoke("analyze", "zoo:mlp", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for key in (
+        "ops",
+        "tensors",
+        "param_bytes",
+        "gradients",
+        "batch_size",
+        "split_categories",
+        "fingerprint",
+    ):
+        assert key in summary
+    assert summary["batch_size"] == 32
+    assert set(summary["split_categories"]) == {"split-concat", "split-sum", "none"}
+
+
+def test_analyze_batch_size_option(tmp_path) -> None:
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(dense_graph(batch=8)))
+    result = invoke("analyze", str(path), "--batch-size", "32", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["batch_size"] == 32
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x0a\xff\xff\xff\xff\x0f", "not a valid binary GraphDef"),
+        (
+            json.dumps(
+                document([op("a", "Relu", ["b"], [1]), op("b", "Relu", ["a"], [1])])
+            ).encode(),
+            "cycle",
+        ),
+        (json.dumps(document([op("a", "Relu", [], [1])])).encode(), "no batch input"),
+    ],
+)
+def test_bad_graphs_exit_2_with_the_reason(tmp_path, content: bytes, message: str) -> None:
+    path = tmp_path / "graph.pb"
+    path.write_bytes(content)
+    result = invoke("analyze", str(path))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_unknown_zoo_model_lists_the_known_ones() -> None:
+    result = invoke("analyze", "zoo:alexnet")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "vgg19" in result.stderr
+
+
+def test_cluster_json_and_named_listing() -> None:
+    result = invoke("cluster", "testbed", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["machines"], summary["gpus"]) == (7, 16)
+    listing = invoke("cluster")
+    assert "random:SEED" in listing.stdout
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {
+                "machines": [
+                    {"name": "a", "gpus": {"type": "Z100", "count": 1}, "intra_bandwidth_gbps": 10}
+                ]
+            },
+            "known types: A10",
+        ),
+        (
+            {
+                "machines": [
+                    {"name": "a", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 0}
+                ]
+            },
+            "intra_bandwidth_gbps",
+        ),
+    ],
+)
+def test_bad_clusters_exit_2_with_the_reason(tmp_path, spec: dict, message: str) -> None:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(spec))
+    result = invoke("cluster", str(path))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert message in result.stderr
+
+
+def test_zoo_list_names_every_model() -> None:
+    result = invoke("zoo", "list", "--json")
+    assert result.exit_code == 0
+    names = {m["name"] for m in json.loads(result.stdout)["models"]}
+    assert {
+        "vgg19",
+        "resnet101",
+        "inception_v3",
+        "transformer",
+        "bert_small",
+        "bert_large",
+    } <= names

@@ -1,0 +1,36 @@
+"""The generator reproduces the committed zoo."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from tagplan.planner.zoo import catalog, get_model
+from tagplan.planner.zoo.generate import render_readme
+
+
+def test_readme_is_rendered_from_the_manifest() -> None:
+    manifest = json.loads(catalog.MANIFEST_PATH.read_text(encoding="utf-8"))
+    readme = (catalog.ZOO_DIR / "README.md").read_text(encoding="utf-8")
+    assert readme == render_readme(manifest)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("name", ["mlp", "small_cnn", "mlp_tf2"])
+def test_regenerating_a_tiny_model_matches_the_manifest(name: str, tmp_path: pathlib.Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from tagplan.planner.zoo.generate import generate
+
+    fresh = generate(name, tmp_path)
+    committed = get_model(name)
+    assert (tmp_path / "graphs" / f"{name}.pb.gz").is_file()
+    assert catalog.load_manifest(tmp_path / "manifest.json")[name] == fresh
+    assert fresh.op_count == committed.op_count
+    assert fresh.param_count == committed.param_count
+    assert fresh.param_bytes == committed.param_bytes
+    assert fresh.inputs == committed.inputs
+    assert fresh.captured_variables == committed.captured_variables
+    if tf.__version__ == committed.tensorflow_version:
+        assert fresh.graph_sha256 == committed.graph_sha256
