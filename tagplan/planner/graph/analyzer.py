@@ -18,7 +18,14 @@ import numpy as np
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import NO_AXIS, BatchAnalysis, propagate_batch
 from tagplan.planner.graph.ir import GraphIR, Parameters
-from tagplan.planner.graph.params import VARIABLE_OPS, ParameterInfo, find_parameters
+from tagplan.planner.graph.params import (
+    VARIABLE_OPS,
+    ParameterInfo,
+    find_parameters,
+    is_variable,
+    variable_bytes,
+    variable_reads,
+)
 from tagplan.planner.graph.parsed import ParsedGraph, Shape, attr_value, parse_graph
 from tagplan.planner.graph.protos import DT_RESOURCE, DTYPE_BYTES, dtype_name, op_registry
 from tagplan.planner.graph.shape_inference import infer_shapes
@@ -345,6 +352,8 @@ def analyze(
         resolved = simplified.resolve(graph, graph.names[loss_node])
         loss_op = position.get(resolved, -1) if resolved is not None else -1
     unknown = sorted({graph.ops[n] for n in kept if not graph.known_op[n]})
+    reads = variable_reads(graph)
+    held = [variable_bytes(graph, reads, n) if is_variable(graph, n) else 0 for n in kept]
     return GraphIR(
         batch_size=job_batch,
         graph_batch_size=graph_batch,
@@ -357,6 +366,7 @@ def analyze(
         known_op=np.array([graph.known_op[n] for n in kept], dtype=bool),
         batch_statistics=batch.batch_statistics[kept],
         stateful=np.array([stateful[n] for n in kept], dtype=bool),
+        variable_bytes=np.array(held, dtype=np.int64),
         op_input_ptr=input_ptr,
         op_input_tensor=input_flat,
         op_output_ptr=output_ptr,

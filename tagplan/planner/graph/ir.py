@@ -57,6 +57,7 @@ class GraphIR:
     known_op: np.ndarray  # bool: the op type is in TensorFlow's registry
     batch_statistics: np.ndarray  # bool: splitting changes batch statistics (batch norm)
     stateful: np.ndarray  # bool: reads or writes variables, or is random
+    variable_bytes: np.ndarray  # int64: bytes a variable op holds (parameters, slots, state)
 
     op_input_ptr: np.ndarray
     op_input_tensor: np.ndarray

@@ -28,7 +28,16 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.parsed import ParsedGraph, attr_value, shape_from_proto
 from tagplan.planner.graph.protos import DT_RESOURCE, DTYPE_BYTES, op_registry
 
-__all__ = ["VARIABLE_OPS", "WRITE_OPS", "ParameterInfo", "find_parameters", "variable_source"]
+__all__ = [
+    "VARIABLE_OPS",
+    "WRITE_OPS",
+    "ParameterInfo",
+    "find_parameters",
+    "is_variable",
+    "variable_bytes",
+    "variable_reads",
+    "variable_source",
+]
 
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 WRITE_OPS = frozenset(
@@ -71,6 +80,36 @@ def variable_source(graph: ParsedGraph, producer: int, slot: int = 0) -> int | N
             slot if graph.ops[producer] == "IdentityN" else 0
         ]
     return producer if is_variable(graph, producer) else None
+
+
+def variable_bytes(graph: ParsedGraph, reads: dict[int, list[int]], variable: int) -> int:
+    """Bytes of a variable's value: its ``shape``/``dtype`` attributes, the handle data of a
+    captured resource, or else what a read of it (``reads[variable]``) produces."""
+    node = graph.nodes[variable]
+    shape, dtype = attr_value(node, "shape"), attr_value(node, "dtype")
+    if dtype == DT_RESOURCE:
+        shapes = node.attr["_handle_shapes"].list.shape if "_handle_shapes" in node.attr else []
+        dtypes = attr_value(node, "_handle_dtypes") or []
+        shape = shape_from_proto(shapes[0]) if shapes else None
+        dtype = dtypes[0] if dtypes else None
+    for read in reads.get(variable, []):
+        if shape is None or dtype is None or -1 in shape:
+            shape = graph.output_shapes[read][0]
+            dtype = graph.output_dtypes[read][0]
+    if shape is None or dtype is None:
+        return 0
+    return int(np.prod([max(d, 0) for d in shape], dtype=np.int64)) * DTYPE_BYTES.get(dtype, 4)
+
+
+def variable_reads(graph: ParsedGraph) -> dict[int, list[int]]:
+    """The ``ReadVariableOp`` nodes of each variable."""
+    reads: dict[int, list[int]] = {}
+    for node, inputs in enumerate(graph.data_inputs):
+        if graph.ops[node] == "ReadVariableOp" and inputs:
+            variable = variable_source(graph, *inputs[0])
+            if variable is not None:
+                reads.setdefault(variable, []).append(node)
+    return reads
 
 
 def _input_positions(op_type: str) -> dict[str, int] | None:
@@ -145,36 +184,13 @@ class _Finder:
         self.touches_batch = touches_batch
         self.loss = loss
         self.consumers = graph.consumers()
-        self.reads: dict[int, list[int]] = {}
+        self.reads = variable_reads(graph)
         self.writes: dict[int, list[int]] = {}
         for node, inputs in enumerate(graph.data_inputs):
-            if not inputs:
-                continue
-            variable = variable_source(graph, *inputs[0])
-            if variable is None:
-                continue
-            if graph.ops[node] in WRITE_OPS:
-                self.writes.setdefault(variable, []).append(node)
-            elif graph.ops[node] == "ReadVariableOp":
-                self.reads.setdefault(variable, []).append(node)
-
-    def variable_bytes(self, variable: int) -> int:
-        """Bytes of a variable's value: its ``shape``/``dtype`` attributes, the handle data
-        of a captured resource, or else what a read of it produces."""
-        node = self.graph.nodes[variable]
-        shape, dtype = attr_value(node, "shape"), attr_value(node, "dtype")
-        if dtype == DT_RESOURCE:
-            shapes = node.attr["_handle_shapes"].list.shape if "_handle_shapes" in node.attr else []
-            dtypes = attr_value(node, "_handle_dtypes") or []
-            shape = shape_from_proto(shapes[0]) if shapes else None
-            dtype = dtypes[0] if dtypes else None
-        for read in self.reads.get(variable, []):
-            if shape is None or dtype is None or -1 in shape:
-                shape = self.graph.output_shapes[read][0]
-                dtype = self.graph.output_dtypes[read][0]
-        if shape is None or dtype is None:
-            return 0
-        return int(np.prod([max(d, 0) for d in shape], dtype=np.int64)) * DTYPE_BYTES.get(dtype, 4)
+            if graph.ops[node] in WRITE_OPS and inputs:
+                variable = variable_source(graph, *inputs[0])
+                if variable is not None:
+                    self.writes.setdefault(variable, []).append(node)
 
     def fused(self) -> list[ParameterInfo]:
         graph = self.graph
@@ -311,8 +327,8 @@ def find_parameters(
     # its other batch-dependent writes are state such as batch-norm running averages.
     found = finder.fused() or finder.decomposed()
     for info in found:
-        info.bytes = finder.variable_bytes(info.variable)
-        info.slot_bytes = sum(finder.variable_bytes(slot) for slot in info.slots)
+        info.bytes = variable_bytes(graph, finder.reads, info.variable)
+        info.slot_bytes = sum(variable_bytes(graph, finder.reads, slot) for slot in info.slots)
     if not found:
         raise InvalidInput(
             "graph has no trainable parameters: no apply op (e.g. ResourceApplyAdam) and no "

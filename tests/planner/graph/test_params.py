@@ -67,7 +67,7 @@ def keras_style_graph() -> dict:
             op("step", "Mul", ["m/read_after", "lr"], [4, 3]),
             node("update_w", "AssignSubVariableOp", ["w", "step"], [], dtype=F32),
             scalar("one", 1.0),
-            node("count", "AssignAddVariableOp", ["iterations", "one"], [], dtype=F32),
+            node("count", "AssignAddVariableOp", ["iterations", "one", "^update_w"], [], dtype=F32),
         ]
     )
 
@@ -132,3 +132,10 @@ def test_variable_helper_reads_shape_from_attrs() -> None:
     doc = dense_graph(batch=B)
     doc["nodes"][1:3] = variable("w", [4, 3])
     assert analyze(graph_def(doc)).param_bytes == 48
+
+
+def test_every_variable_op_holds_its_bytes() -> None:
+    """Parameters, their slots and other state (here the iteration counter) all count."""
+    ir = analyze(graph_def(keras_style_graph()))
+    held = {ir.op_names[i]: int(b) for i, b in enumerate(ir.variable_bytes) if b}
+    assert held == {"w": 48, "m": 48, "iterations": 4}
