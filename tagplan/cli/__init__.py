@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tagplan.cli import analyze, cluster, zoo
+from tagplan.cli import analyze, cluster, cost, zoo
 
 app = typer.Typer(
     name="tagplan",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.command("analyze")(analyze.analyze_command)
 app.command("cluster")(cluster.cluster_command)
+app.command("cost")(cost.cost_command)
 app.add_typer(zoo.app, name="zoo")
 
 

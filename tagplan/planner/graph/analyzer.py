@@ -139,9 +139,10 @@ def _find_loss(graph: ParsedGraph, name: str | None) -> int | None:
 
 
 def _numel(shape: Shape) -> int:
+    """Elements of a static shape; an unknown size (-1) counts as 1, an unknown rank as 0."""
     if shape is None:
         return 0
-    return int(np.prod([max(d, 1) for d in shape], dtype=np.int64))
+    return int(np.prod([1 if d < 0 else d for d in shape], dtype=np.int64))
 
 
 def _scaled_shape(shape: Shape, axis: int, batch: int, graph_batch: int) -> Shape:

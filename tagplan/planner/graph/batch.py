@@ -379,6 +379,10 @@ class _Propagator:
                 return self._lost(node)
             gather_axis = found
         indices_shape = self.in_shape(node, 1)
+        batch_dims = int(attr_value(self.graph.nodes[node], "batch_dims", 0))
+        if batch_dims > 0 and params_axis == indices_axis and 0 <= params_axis < batch_dims:
+            # per-example gather (e.g. BERT's masked positions): the batch stays in front
+            return [params_axis], [Aggregation.CONCAT]
         if params_axis == NO_AXIS and indices_axis != NO_AXIS:
             return [gather_axis + indices_axis], [Aggregation.CONCAT]
         if indices_axis == NO_AXIS and params_axis not in (NO_AXIS, gather_axis):

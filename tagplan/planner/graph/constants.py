@@ -1,4 +1,5 @@
-"""Values of small integer constants (axes, permutations, shapes) read from ``Const`` nodes."""
+"""Values of small integer constants (axes, permutations, shapes) read from ``Const`` nodes
+(and the inverse permutations that transpose gradients compute from them)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def const_ints(graph: ParsedGraph, producer: int, slot: int = 0) -> list[int] | 
     """Integer values of the tensor ``producer:slot`` when it is a constant, else ``None``."""
     while graph.ops[producer] in _PASS_THROUGH and graph.data_inputs[producer]:
         producer, slot = graph.data_inputs[producer][0]
+    if graph.ops[producer] == "InvertPermutation" and graph.data_inputs[producer]:
+        # the gradient of a transpose permutes back by the inverse permutation
+        perm = const_ints(graph, *graph.data_inputs[producer][0])
+        if perm is None or sorted(perm) != list(range(len(perm))):
+            return None
+        inverse = [0] * len(perm)
+        for position, axis in enumerate(perm):
+            inverse[axis] = position
+        return inverse
     if graph.ops[producer] != "Const" or slot != 0:
         return None
     node = graph.nodes[producer]
