@@ -37,6 +37,8 @@ class GpuTypeSpec(BaseModel):
 
     ``fp16_tflops`` is the dense tensor-core rate where the GPU has tensor cores;
     ``None`` means unknown, and the engine then uses ``fp32_tflops`` for FP16 work.
+    ``tf32_tflops`` is the dense TF32 tensor-core rate (Ampere and later), which
+    TensorFlow uses for float32 convolutions and matrix products by default.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +46,7 @@ class GpuTypeSpec(BaseModel):
     name: str
     fp32_tflops: PositiveFinite
     fp16_tflops: PositiveFinite | None = None
+    tf32_tflops: PositiveFinite | None = None
     memory_bandwidth_gb_per_s: PositiveFinite
     memory_gib: PositiveFinite
     source: str | None = None

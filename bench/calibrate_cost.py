@@ -1,0 +1,151 @@
+"""Cost-model calibration (issue bar: median estimate/measured over the top ops in [0.5, 2]).
+
+1. The CPU's catalog entry comes from its measured peaks (large MatMuls for FLOP/s, a
+   large elementwise op for memory bandwidth).
+2. For VGG19 and ResNet101 profiled on the CPU at a small batch (``bench/profiles/``,
+   written by ``tagplan profile``), the analytic estimate of the 20 most expensive ops is
+   compared with the measured time, op by op and per op type.
+3. The sum of the profiled op times is compared with the measured whole-step wall time.
+4. Sanity against public figures: the estimated forward+backward+update time of
+   ResNet-50 on V100 and A100 vs NVIDIA's published TensorFlow training throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from bench.report import write_section
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.cost.profile import Profile, load_profile
+from tagplan.planner.cost.profiler import measure_device_peaks
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.topology import GpuTypeSpec, gpu_type_table
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+TOP = 20
+
+# NVIDIA DeepLearningExamples, TensorFlow/Classification/ConvNets/resnet50v1.5/README.md,
+# "Training performance results" (TensorFlow 20.06-tf1-py3 container), 1 GPU:
+# DGX-1 V100 16GB, FP32 + XLA, batch 128: 412 img/s; DGX A100 40GB, TF32 + XLA, batch 256:
+# 909 img/s. (TF32 runs convolutions on tensor cores; our A100 entry uses the FP32 peak.)
+PUBLISHED = [("V100-16GB", 128, 412.0), ("A100-40GB", 256, 909.0)]
+
+
+def cpu_spec() -> GpuTypeSpec:
+    peaks = measure_device_peaks("/CPU:0")
+    return GpuTypeSpec(
+        name="CPU",
+        fp32_tflops=peaks.fp32_flops / 1e12,
+        memory_bandwidth_gb_per_s=peaks.memory_bandwidth_bytes_per_s / 1e9,
+        memory_gib=16,
+        source="measured by bench/calibrate_cost.py on the benchmark machine",
+    )
+
+
+def compare(model: str, profile: Profile, spec: GpuTypeSpec) -> tuple[list[str], dict]:
+    batch = max(profile.batch_sizes)
+    source = load_graph_source(f"zoo:{model}")
+    ir = analyze(
+        source.graph_def, batch_size=batch, batch_inputs=source.batch_inputs, loss=source.loss
+    )
+    measured_by_key = {entry.cost_key: entry.times_s[batch] for entry in profile.ops}
+    costs = OpCostModel(ir, gpu_types={"CPU": spec})
+    estimate = costs.estimate("CPU", batch)
+    rows = [
+        (measured_by_key[key], float(estimate[op]), ir.op_types[op], key)
+        for op, key in enumerate(ir.cost_keys)
+        if key in measured_by_key
+    ]
+    unique = {row[3]: row for row in rows}
+    top = sorted(unique.values(), key=lambda r: -r[0])[:TOP]
+    ratios = [est / meas for meas, est, _, _ in top if meas > 0]
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for meas, est, op_type, _ in top:
+        by_type[op_type].append(est / meas)
+    step = profile.step_time_s[batch]
+    op_sum = sum(measured_by_key[key] for key in ir.cost_keys if key in measured_by_key)
+    lines = [
+        f"**{model}** at batch {batch}: median estimate/measured over the top {len(top)} ops "
+        f"= **{statistics.median(ratios):.2f}** (range {min(ratios):.2f}-{max(ratios):.2f}); "
+        f"sum of profiled op times / measured step wall time = **{op_sum / step:.2f}** "
+        f"({op_sum * 1e3:.1f} ms / {step * 1e3:.1f} ms).",
+        "",
+        "| op type | ops in top | median estimate/measured |",
+        "| --- | ---: | ---: |",
+    ]
+    for op_type, values in sorted(by_type.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"| {op_type} | {len(values)} | {statistics.median(values):.2f} |")
+    return lines, {"median": statistics.median(ratios), "step_ratio": op_sum / step}
+
+
+def resnet50_sanity() -> list[str]:
+    from tagplan.planner.zoo.models.applications import image_classifier
+    from tagplan.planner.zoo.models.common import build_tf1
+
+    catalog = gpu_type_table()
+    lines = [
+        "| GPU | batch | estimated step (ms) | estimated img/s | published img/s | ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for gpu, batch, published in PUBLISHED:
+        graph = build_tf1(lambda b=batch: image_classifier("ResNet50", b, 224))
+        ir = analyze(
+            parse_graph_bytes(graph.graph_def.SerializeToString()),
+            batch_inputs=[i["name"] for i in graph.inputs],
+            loss=graph.loss_node,
+        )
+        step = OpCostModel(ir, gpu_types=catalog).op_times(gpu, batch).total_s
+        rate = batch / step
+        lines.append(
+            f"| {gpu} | {batch} | {step * 1e3:,.0f} | {rate:,.0f} | {published:,.0f} | "
+            f"{rate / published:.2f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", nargs="*", default=["vgg19", "resnet101"])
+    args = parser.parse_args()
+    spec = cpu_spec()
+    body = [
+        f"CPU catalog entry from measured peaks: {spec.fp32_tflops * 1e3:,.1f} GFLOP/s FP32 "
+        f"(best large MatMul), {spec.memory_bandwidth_gb_per_s:,.1f} GB/s (large elementwise "
+        "op, read + write).",
+        "",
+    ]
+    summary = {}
+    for model in args.models:
+        lines, summary[model] = compare(model, load_profile(PROFILES / f"cpu_{model}.json"), spec)
+        body += [*lines, ""]
+    body.append("ResNet-50 forward + backward + Adam, estimated from the catalog's FP32 peaks:")
+    body.append("")
+    body += resnet50_sanity()
+    body.append("")
+    body.append(
+        "Source of the published figures: NVIDIA DeepLearningExamples, "
+        "TensorFlow/Classification/ConvNets/resnet50v1.5 README, training performance "
+        "(20.06-tf1-py3): V100 16GB FP32+XLA batch 128, A100 40GB TF32+XLA batch 256. "
+        "Bar: within 2x. Bar for the CPU: median ratio in [0.5, 2]."
+    )
+    for model, figures in summary.items():
+        print(model, {k: round(v, 3) for k, v in figures.items()})
+    write_section(
+        "calibration",
+        "Cost model calibration",
+        "python -m bench.calibrate_cost",
+        "\n".join(body),
+    )
+    print("\n".join(body))
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
