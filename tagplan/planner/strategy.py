@@ -1,0 +1,329 @@
+"""Deployment strategies (DESIGN.md §4, TAG §4.2): what runs where, and how gradients sync.
+
+A strategy assigns every op to an op group and gives each group TAG's decision: the
+device groups it uses (the placement row P_i) and one replication option O_i:
+
+* ``replicate-allreduce``: the group is replicated on every GPU of its device groups,
+  inputs split in the batch dimension, gradients synchronized by AllReduce;
+* ``replicate-ps``: the same, gradients pushed to a parameter server (PS) GPU that
+  applies them; replicas pull the parameters (the PS is chosen round-robin among the
+  group's GPUs unless named);
+* ``duplicate``: the group is copied to every GPU with full inputs; gradients come out
+  identical everywhere, so nothing is synchronized (sufficient-factor broadcast, §4.2.3);
+* ``model-parallel``: the group's ops are divided among the GPUs, each op on one GPU
+  with the full batch.
+
+HeteroG's refinements (§3.4) are optional per group: several replicas per GPU
+(``replicas``) or uneven batch shares (``batch_weights``), the collective algorithm, and
+for model parallelism an explicit op placement. ``sfb`` lists the parameters whose
+gradient subgraph is duplicated instead of synchronized (TAG §4.2.3).
+
+Strategies are JSON with a schema version. :func:`resolve` checks one against a graph
+and a cluster and returns flat arrays for the compiler; any reference to an op, device
+group or device that does not exist is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.topology import Cluster
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Collective",
+    "GroupDecision",
+    "Mode",
+    "OpGroup",
+    "Option",
+    "ResolvedStrategy",
+    "Strategy",
+    "load_strategy",
+    "resolve",
+]
+
+SCHEMA_VERSION = 1
+
+
+class Option(StrEnum):
+    """TAG §4.2's replication options."""
+
+    REPLICATE_ALLREDUCE = "replicate-allreduce"
+    REPLICATE_PS = "replicate-ps"
+    DUPLICATE = "duplicate"
+    MODEL_PARALLEL = "model-parallel"
+
+
+class Collective(StrEnum):
+    RING = "ring"
+    HIERARCHICAL = "hierarchical"
+    AUTO = "auto"
+
+
+class GroupDecision(BaseModel):
+    """TAG's (P_i, O_i) for one op group, with HeteroG's optional refinements."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_groups: list[int] = Field(min_length=1)
+    option: Option
+    replicas: dict[str, int] | None = None  # device name -> replicas on it (>= 0)
+    batch_weights: dict[str, float] | None = None  # device name -> share of the batch
+    collective: Collective = Collective.AUTO
+    ps_device: str | None = None
+    placement: dict[str, str] | None = None  # model-parallel: op name -> device name
+
+
+class OpGroup(BaseModel):
+    """A set of ops (by original node name) and its decision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ops: list[str] = Field(min_length=1)
+    decision: GroupDecision
+
+
+class Strategy(BaseModel):
+    """A whole deployment strategy; ops in no group follow ``default``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = SCHEMA_VERSION
+    name: str = ""
+    groups: list[OpGroup] = Field(default_factory=list)
+    default: GroupDecision | None = None
+    sfb: list[str] = Field(default_factory=list)  # parameter names
+
+    @model_validator(mode="after")
+    def _covers_something(self) -> Strategy:
+        if not self.groups and self.default is None:
+            raise ValueError("a strategy needs groups or a default decision")
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2, exclude_none=True)
+
+
+def load_strategy(data: str | bytes | dict) -> Strategy:
+    """Parse a strategy from JSON text or a decoded document."""
+    try:
+        if isinstance(data, dict):
+            return Strategy.model_validate(data)
+        return Strategy.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidInput(f"invalid strategy: {where}: {first['msg']}") from None
+
+
+class Mode(IntEnum):
+    """How one op runs under a resolved strategy."""
+
+    SPLIT = 0  # one instance per replica, each on a share of the batch
+    DUPLICATE = 1  # one instance per device, each on the full batch
+    SINGLE = 2  # one instance on one device, on the full batch
+
+
+_OPTION_CODES = {option: code for code, option in enumerate(Option)}
+
+
+@dataclass(frozen=True, eq=False)
+class ResolvedStrategy:
+    """A strategy checked against a graph and a cluster, as arrays.
+
+    ``op_group[i]`` is op ``i``'s group. Group ``g``'s replicas are
+    ``replica_device[replica_ptr[g]:replica_ptr[g + 1]]`` (a device appears once per
+    replica on it) with ``replica_weight`` their batch shares (summing to 1).
+    ``op_device[i]`` is the device of an op placed model-parallel (else -1).
+    """
+
+    strategy: Strategy
+    op_group: np.ndarray  # int32 per op
+    group_option: np.ndarray  # int8 per group (index into Option)
+    group_collective: tuple[Collective, ...]
+    group_ps_device: np.ndarray  # int32 per group, -1 unless replicate-ps
+    replica_ptr: np.ndarray  # int32 CSR over replica_device
+    replica_device: np.ndarray  # int32
+    replica_weight: np.ndarray  # float64
+    op_device: np.ndarray  # int32 per op: model-parallel placement, -1 otherwise
+    sfb_parameters: np.ndarray  # int32: rows of ir.parameters
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_option)
+
+    def option(self, group: int) -> Option:
+        return list(Option)[int(self.group_option[group])]
+
+    def replicas(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.replica_ptr[group], self.replica_ptr[group + 1]
+        return self.replica_device[lo:hi], self.replica_weight[lo:hi]
+
+    def devices(self, group: int) -> np.ndarray:
+        """The distinct devices group ``group`` uses, in device order."""
+        return np.unique(self.replicas(group)[0])
+
+
+def _device_indices(cluster: Cluster) -> dict[str, int]:
+    return {name: i for i, name in enumerate(cluster.device_names)}
+
+
+def _group_devices(decision: GroupDecision, cluster: Cluster, where: str) -> np.ndarray:
+    bad = [g for g in decision.device_groups if not 0 <= g < cluster.num_groups]
+    if bad:
+        raise InvalidInput(
+            f"{where}: device groups {bad} do not exist (the cluster has {cluster.num_groups})"
+        )
+    devices = np.concatenate(
+        [cluster.group_devices(g) for g in sorted(set(decision.device_groups))]
+    )
+    return np.sort(devices).astype(np.int32)
+
+
+def _replicas(
+    decision: GroupDecision, devices: np.ndarray, names: dict[str, int], where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    allowed = set(devices.tolist())
+
+    def lookup(name: str, what: str) -> int:
+        device = names.get(name)
+        if device is None or device not in allowed:
+            raise InvalidInput(f"{where}: {what} names device {name!r}, not in the group's GPUs")
+        return device
+
+    counts = dict.fromkeys(devices.tolist(), 1)
+    if decision.replicas is not None:
+        for name, count in decision.replicas.items():
+            if count < 0:
+                raise InvalidInput(f"{where}: replicas on {name!r} must be >= 0")
+            counts[lookup(name, "replicas")] = count
+    weights = dict.fromkeys(devices.tolist(), 1.0)
+    if decision.batch_weights is not None:
+        for name, weight in decision.batch_weights.items():
+            if not weight > 0:
+                raise InvalidInput(f"{where}: batch weight of {name!r} must be positive")
+            weights[lookup(name, "batch_weights")] = float(weight)
+    replica_device = [d for d in sorted(counts) for _ in range(counts[d])]
+    if not replica_device:
+        raise InvalidInput(f"{where}: no replicas left")
+    replica_weight = np.array([weights[d] / counts[d] for d in replica_device])
+    return np.array(replica_device, dtype=np.int32), replica_weight / replica_weight.sum()
+
+
+def _model_parallel_placement(
+    ir: GraphIR, ops: np.ndarray, devices: np.ndarray, work: np.ndarray
+) -> np.ndarray:
+    """Default model-parallel split: contiguous runs of the topological order with
+    balanced work (the ops of a group are numbered in topological order already)."""
+    if len(devices) == 1:
+        return np.full(len(ops), devices[0], dtype=np.int32)
+    cumulative = np.cumsum(work[ops]) if len(ops) else np.zeros(0)
+    total = cumulative[-1] if len(cumulative) and cumulative[-1] > 0 else 1.0
+    chunk = np.minimum((cumulative / total * len(devices)).astype(int), len(devices) - 1)
+    placed = devices[chunk].astype(np.int32)
+    # ops TensorFlow must colocate (a variable, its reads and updates) follow the first
+    return _colocate(ir, ops, placed)
+
+
+def _colocate(ir: GraphIR, ops: np.ndarray, placed: np.ndarray) -> np.ndarray:
+    """Move every op onto the device of the first op of its colocation class."""
+    first: dict[int, int] = {}
+    for position, op in enumerate(ops.tolist()):
+        placed[position] = first.setdefault(int(ir.colocation[op]), int(placed[position]))
+    return placed
+
+
+def resolve(
+    strategy: Strategy,
+    ir: GraphIR,
+    cluster: Cluster,
+    *,
+    op_work: np.ndarray | None = None,
+) -> ResolvedStrategy:
+    """Check ``strategy`` against ``ir`` and ``cluster`` and lay it out as arrays.
+
+    ``op_work`` (e.g. FLOPs per op) balances the default model-parallel split; without it
+    every op weighs the same.
+    """
+    names = _device_indices(cluster)
+    op_group = np.full(ir.num_ops, -1, dtype=np.int32)
+    decisions: list[GroupDecision] = []
+    for index, group in enumerate(strategy.groups):
+        where = f"group {index}"
+        for name in group.ops:
+            try:
+                op = ir.op_index(name)
+            except KeyError:
+                raise InvalidInput(f"{where}: op {name!r} is not in the graph") from None
+            if op_group[op] not in (-1, index):
+                raise InvalidInput(f"{where}: op {name!r} is already in group {int(op_group[op])}")
+            op_group[op] = index
+        decisions.append(group.decision)
+    uncovered = op_group < 0
+    if uncovered.any():
+        if strategy.default is None:
+            missing = [ir.op_names[i] for i in np.flatnonzero(uncovered)[:3]]
+            raise InvalidInput(f"ops {missing} are in no group and the strategy has no default")
+        op_group[uncovered] = len(decisions)
+        decisions.append(strategy.default)
+
+    work = op_work if op_work is not None else np.ones(ir.num_ops)
+    ptr = [0]
+    replica_device: list[np.ndarray] = []
+    replica_weight: list[np.ndarray] = []
+    ps_device = np.full(len(decisions), -1, dtype=np.int32)
+    op_device = np.full(ir.num_ops, -1, dtype=np.int32)
+    for group, decision in enumerate(decisions):
+        where = f"group {group}" if group < len(strategy.groups) else "default"
+        devices = _group_devices(decision, cluster, where)
+        replicas, weights = _replicas(decision, devices, names, where)
+        replica_device.append(replicas)
+        replica_weight.append(weights)
+        ptr.append(ptr[-1] + len(replicas))
+        if decision.option == Option.REPLICATE_PS:
+            if decision.ps_device is not None:
+                device = names.get(decision.ps_device)
+                if device is None:
+                    raise InvalidInput(f"{where}: ps_device {decision.ps_device!r} does not exist")
+                ps_device[group] = device
+            else:  # TAG §4.2: round-robin among the group's GPUs
+                ps_device[group] = devices[group % len(devices)]
+        if decision.option == Option.MODEL_PARALLEL:
+            ops = np.flatnonzero(op_group == group).astype(np.int32)
+            op_device[ops] = _model_parallel_placement(ir, ops, devices, work)
+            for name, device_name in (decision.placement or {}).items():
+                device = names.get(device_name)
+                if device is None or device not in set(devices.tolist()):
+                    raise InvalidInput(
+                        f"{where}: placement puts {name!r} on {device_name!r}, "
+                        "not one of the group's GPUs"
+                    )
+                op = ir.op_index(name) if name in ir.aliases or name in ir.op_names else -1
+                if op < 0 or op_group[op] != group:
+                    raise InvalidInput(f"{where}: placement names op {name!r}, not in the group")
+                op_device[op] = device
+    sfb: list[int] = []
+    parameter_rows = {name: row for row, name in enumerate(ir.parameters.names)}
+    for name in strategy.sfb:
+        if name not in parameter_rows:
+            raise InvalidInput(f"sfb names {name!r}, which is not a trainable parameter")
+        sfb.append(parameter_rows[name])
+    return ResolvedStrategy(
+        strategy=strategy,
+        op_group=op_group,
+        group_option=np.array([_OPTION_CODES[d.option] for d in decisions], dtype=np.int8),
+        group_collective=tuple(d.collective for d in decisions),
+        group_ps_device=ps_device,
+        replica_ptr=np.array(ptr, dtype=np.int32),
+        replica_device=np.concatenate(replica_device).astype(np.int32),
+        replica_weight=np.concatenate(replica_weight),
+        op_device=op_device,
+        sfb_parameters=np.array(sfb, dtype=np.int32),
+    )
