@@ -213,7 +213,7 @@ class _Compiler:
         full = self.memory.tensor_bytes[tensor] if memory else self.ir.tensor_bytes[tensor]
         if self.ir.tensor_batch_axis[tensor] < 0:
             return int(full)
-        return int(round(full * (hi - lo) / self.ir.batch_size))
+        return int(np.rint(full * (hi - lo) / self.ir.batch_size))
 
     def _name(self, tensor: int) -> str:
         op = int(self.ir.tensor_producer[tensor])

@@ -1,0 +1,626 @@
+"""Communication times over a :class:`~tagplan.planner.topology.Cluster` (DESIGN.md §3).
+
+Closed forms, in seconds, for the transfers a strategy inserts: point-to-point copies,
+ring and hierarchical AllReduce, parameter-server push/pull and broadcasts (of the
+sufficient factors of duplicated ops, TAG §4.2.3). Fitted segmented-linear models
+(TAG §4.1.2, measured by :mod:`.comm_profiler`) replace them through :class:`CommModel`
+where a profile covers the case.
+
+Conventions:
+
+- sizes ``nbytes`` in bytes, a number or an array (the result then has its shape);
+  zero bytes cost zero seconds (nothing is sent);
+- a device list given as a sequence is used in its order (the ring order); a ``set`` or
+  ``frozenset`` is put in canonical order, by device index;
+- ``B`` is a path's bottleneck bandwidth (bytes/s) and ``α`` its latency (s), both read
+  from ``cluster.bandwidth_bytes_per_s`` and ``cluster.latency_s``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence, Set
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import InvalidInput
+from ..topology import Cluster
+
+if TYPE_CHECKING:
+    from .comm_profiler import CommProfile
+
+__all__ = [
+    "AllReduceAlgorithm",
+    "CommEstimate",
+    "CommModel",
+    "DeviceList",
+    "Segment",
+    "SegmentedLinear",
+    "allreduce_time_s",
+    "broadcast_time_s",
+    "fit_segmented_linear",
+    "hierarchical_allreduce_time_s",
+    "p2p_time_s",
+    "ps_time_s",
+    "ring_allreduce_time_s",
+]
+
+DeviceList = Sequence[int] | Set[int] | npt.NDArray[np.integer]
+"""Devices by index: a sequence (kept in order) or a set (sorted by index)."""
+AllReduceAlgorithm = Literal["ring", "hierarchical", "auto"]
+Seconds = float | npt.NDArray[np.float64]
+"""A time in seconds: a float for a scalar size, an array for an array of sizes."""
+
+_ALGORITHMS = ("ring", "hierarchical", "auto")
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _sizes(nbytes: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], bool]:
+    """``nbytes`` as a float array and whether it was a scalar; refuses negative sizes."""
+    try:
+        sizes = np.asarray(nbytes, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"nbytes must be a number of bytes, got {nbytes!r}") from None
+    if not np.all(np.isfinite(sizes)) or np.any(sizes < 0):
+        raise InvalidInput(f"nbytes must be finite and >= 0, got {nbytes!r}")
+    return sizes, sizes.ndim == 0
+
+
+def _result(seconds: npt.NDArray[np.float64], scalar: bool) -> Seconds:
+    return float(seconds) if scalar else seconds
+
+
+def _device(cluster: Cluster, device: int, what: str) -> int:
+    if isinstance(device, bool) or not isinstance(device, int | np.integer):
+        raise InvalidInput(f"{what} must be a device index, got {device!r}")
+    if not 0 <= device < cluster.num_devices:
+        raise InvalidInput(
+            f"{what} {device} is not a device of this cluster (0..{cluster.num_devices - 1})"
+        )
+    return int(device)
+
+
+def _devices(cluster: Cluster, devices: DeviceList, what: str) -> npt.NDArray[np.int64]:
+    """Validated device indices; sets in canonical (index) order, sequences as given."""
+    idx = np.asarray(sorted(devices) if isinstance(devices, Set) else devices)
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise InvalidInput(f"{what} must be a list of device indices, got {devices!r}")
+    outside = idx[(idx < 0) | (idx >= cluster.num_devices)]
+    if outside.size:
+        raise InvalidInput(
+            f"{what}: {outside[0]} is not a device of this cluster (0..{cluster.num_devices - 1})"
+        )
+    if np.unique(idx).size != idx.size:
+        raise InvalidInput(f"{what} lists a device twice: {idx.tolist()}")
+    return idx.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+def _ring_links(cluster: Cluster, ring: npt.NDArray[np.int64]) -> tuple[float, float]:
+    """(B_min, α_max) over the links between ring neighbours ``ring[i] -> ring[i+1]``."""
+    nxt = np.roll(ring, -1)
+    return (
+        float(cluster.bandwidth_bytes_per_s[ring, nxt].min()),
+        float(cluster.latency_s[ring, nxt].max()),
+    )
+
+
+def _chain_links(cluster: Cluster, chain: npt.NDArray[np.int64]) -> tuple[float, float]:
+    """(B_min, α_max) over the links ``chain[i] -> chain[i+1]`` (no wrap-around)."""
+    return (
+        float(cluster.bandwidth_bytes_per_s[chain[:-1], chain[1:]].min()),
+        float(cluster.latency_s[chain[:-1], chain[1:]].max()),
+    )
+
+
+def _ring(cluster: Cluster, ring: npt.NDArray[np.int64], sizes: np.ndarray) -> np.ndarray:
+    k = ring.size
+    if k < 2:
+        return np.zeros_like(sizes)
+    bandwidth, latency = _ring_links(cluster, ring)
+    seconds = 2.0 * (k - 1) / k * sizes / bandwidth + 2.0 * (k - 1) * latency
+    return np.where(sizes > 0, seconds, 0.0)
+
+
+def p2p_time_s(cluster: Cluster, src: int, dst: int, nbytes: npt.ArrayLike) -> Seconds:
+    """Point-to-point copy of ``nbytes`` from device ``src`` to ``dst``, in seconds.
+
+    .. math:: t = α_{src,dst} + S / B_{src,dst}
+
+    with ``B`` the bottleneck bandwidth of the path (intra-machine bus or network link,
+    DESIGN.md §3); ``0`` when ``src == dst`` (the tensor stays on its GPU).
+    """
+    src = _device(cluster, src, "src")
+    dst = _device(cluster, dst, "dst")
+    sizes, scalar = _sizes(nbytes)
+    if src == dst:
+        return _result(np.zeros_like(sizes), scalar)
+    seconds = cluster.latency_s[src, dst] + sizes / cluster.bandwidth_bytes_per_s[src, dst]
+    return _result(np.where(sizes > 0, seconds, 0.0), scalar)
+
+
+def ring_allreduce_time_s(cluster: Cluster, devices: DeviceList, nbytes: npt.ArrayLike) -> Seconds:
+    """Ring AllReduce of a ``nbytes`` gradient among ``devices``, in seconds.
+
+    .. math:: t = \\frac{2(k-1)}{k} \\frac{S}{B_{min}} + 2(k-1)\\,α_{max}
+
+    ``S`` is the *full* gradient size, ``k`` the number of devices, ``B_min`` the slowest
+    and ``α_max`` the highest-latency link between ring neighbours (``devices[i]`` and
+    ``devices[i+1 mod k]``): reduce-scatter then all-gather, ``k-1`` steps each moving
+    ``S/k`` bytes per link (TAG §4.2.3 uses ``2(D-1)/D · L/τ``). ``0`` for ``k = 1``.
+    """
+    ring = _devices(cluster, devices, "devices")
+    if ring.size == 0:
+        raise InvalidInput("an AllReduce needs at least one device")
+    sizes, scalar = _sizes(nbytes)
+    return _result(_ring(cluster, ring, sizes), scalar)
+
+
+def hierarchical_allreduce_time_s(
+    cluster: Cluster, devices: DeviceList, nbytes: npt.ArrayLike
+) -> Seconds:
+    """Hierarchical AllReduce (reduce in machines, ring among leaders, broadcast), in seconds.
+
+    The devices are grouped by machine; the lowest-indexed device of each machine is its
+    *leader*. Three phases, each waiting for the previous one:
+
+    1. **reduce** inside every machine to its leader, a pipelined chain through the
+       machine's devices in index order: :math:`S / B_m + (k_m - 1) α_m`;
+    2. **ring AllReduce** of the full gradient among the ``M`` leaders over the network
+       (:func:`ring_allreduce_time_s`, leaders in index order);
+    3. **broadcast** from each leader down the same chain, the cost of phase 1.
+
+    .. math:: t = 2 \\max_m \\left(\\frac{S}{B_m} + (k_m-1) α_m\\right)
+              + \\frac{2(M-1)}{M} \\frac{S}{B_{min}} + 2(M-1)\\,α_{max}
+
+    ``k_m`` devices on machine ``m`` (its term is ``0`` when ``k_m = 1``); ``B_m``, ``α_m``
+    the slowest link and highest latency along machine ``m``'s chain; ``B_min``,
+    ``α_max`` those of the leader ring. With one device per machine this is the ring.
+    """
+    idx = np.sort(_devices(cluster, devices, "devices"))
+    if idx.size == 0:
+        raise InvalidInput("an AllReduce needs at least one device")
+    sizes, scalar = _sizes(nbytes)
+    machines = cluster.device_machine[idx]
+    leaders = np.array([idx[machines == m][0] for m in np.unique(machines)], dtype=np.int64)
+    local = np.zeros_like(sizes)
+    for m in np.unique(machines):
+        chain = idx[machines == m]
+        if chain.size > 1:
+            bandwidth, latency = _chain_links(cluster, chain)
+            local = np.maximum(local, sizes / bandwidth + (chain.size - 1) * latency)
+    seconds = 2.0 * local + _ring(cluster, leaders, sizes)
+    return _result(np.where(sizes > 0, seconds, 0.0), scalar)
+
+
+def allreduce_time_s(
+    cluster: Cluster,
+    devices: DeviceList,
+    nbytes: npt.ArrayLike,
+    algorithm: AllReduceAlgorithm = "ring",
+) -> Seconds:
+    """AllReduce time in seconds with ``algorithm``: ``ring``, ``hierarchical`` or ``auto``.
+
+    ``auto`` is the cheaper of the two for each size (element-wise minimum).
+    """
+    if algorithm == "ring":
+        return ring_allreduce_time_s(cluster, devices, nbytes)
+    if algorithm == "hierarchical":
+        return hierarchical_allreduce_time_s(cluster, devices, nbytes)
+    if algorithm == "auto":
+        ring = ring_allreduce_time_s(cluster, devices, nbytes)
+        tree = hierarchical_allreduce_time_s(cluster, devices, nbytes)
+        return _result(np.minimum(ring, tree), np.ndim(ring) == 0)
+    raise InvalidInput(
+        f"unknown AllReduce algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHMS)}"
+    )
+
+
+def _fan_classes(
+    cluster: Cluster, center: int, peers: npt.NDArray[np.int64]
+) -> list[tuple[Literal["intra", "inter"], npt.NDArray[np.int64]]]:
+    """``peers`` (minus ``center``) split by the link they use at ``center``."""
+    peers = peers[peers != center]
+    same = cluster.device_machine[peers] == cluster.device_machine[center]
+    classes: list[tuple[Literal["intra", "inter"], npt.NDArray[np.int64]]] = [
+        ("intra", peers[same]),
+        ("inter", peers[~same]),
+    ]
+    return [(kind, members) for kind, members in classes if members.size]
+
+
+def _fan(
+    cluster: Cluster, center: int, peers: npt.NDArray[np.int64], sizes: np.ndarray, inbound: bool
+) -> np.ndarray:
+    """Serialized transfers of ``sizes`` bytes between ``center`` and each peer.
+
+    Per link class at ``center``: ``Σ_p S / B_p + max_p α_p``; classes run in parallel.
+    """
+    seconds = np.zeros_like(sizes)
+    for _, members in _fan_classes(cluster, center, peers):
+        pairs = (members, center) if inbound else (center, members)
+        inverse = float(np.sum(1.0 / cluster.bandwidth_bytes_per_s[pairs]))
+        latency = float(cluster.latency_s[pairs].max())
+        seconds = np.maximum(seconds, sizes * inverse + latency)
+    return np.where(sizes > 0, seconds, 0.0)
+
+
+def ps_time_s(cluster: Cluster, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> Seconds:
+    """Parameter-server synchronization of a ``nbytes`` parameter, in seconds.
+
+    Every worker pushes its gradient to ``server``, then pulls the updated parameter
+    back. A worker on the server device costs nothing. The others reach the server over
+    one of two links at the server: its machine's **bus** (workers on the server's
+    machine) or its machine's **NIC** (workers elsewhere). Transfers sharing a link are
+    serialized on it (bytes add up, one latency is paid as they pipeline); the bus and
+    the NIC run in parallel; the pull starts when the push is over:
+
+    .. math:: t = 2 \\max_{c \\in \\{bus, NIC\\}} \\left(\\sum_{w \\in c} \\frac{S}{B_{w,s}}
+              + \\max_{w \\in c} α_{w,s}\\right)
+
+    With ``n`` workers of equal bandwidth ``B`` behind the NIC that is ``2(nS/B + α)``:
+    the server's link is the bottleneck (DESIGN.md §3). The discrete-event simulator
+    models the same contention transfer by transfer; this closed form feeds cost
+    estimates and the SFB program (TAG §4.2.3).
+    """
+    server = _device(cluster, server, "server")
+    idx = _devices(cluster, workers, "workers")
+    if idx.size == 0:
+        raise InvalidInput("a parameter server needs at least one worker")
+    sizes, scalar = _sizes(nbytes)
+    push = _fan(cluster, server, idx, sizes, inbound=True)
+    pull = _fan(cluster, server, idx, sizes, inbound=False)
+    return _result(push + pull, scalar)
+
+
+def broadcast_time_s(
+    cluster: Cluster, src: int, dsts: DeviceList, nbytes: npt.ArrayLike
+) -> Seconds:
+    """Broadcast of ``nbytes`` from ``src`` to every device of ``dsts``, in seconds.
+
+    ``src`` sends a copy to each destination; copies sharing a link at ``src`` (its
+    machine's bus, or its NIC for other machines) are serialized, the two links run in
+    parallel — the pull half of :func:`ps_time_s`:
+
+    .. math:: t = \\max_{c \\in \\{bus, NIC\\}} \\left(\\sum_{d \\in c} \\frac{S}{B_{src,d}}
+              + \\max_{d \\in c} α_{src,d}\\right)
+
+    TAG §4.2.3 prices broadcasting a sufficient factor from each of ``D`` replicas to the
+    others as ``D(D-1) L/τ``; this is one replica's ``(D-1) L/τ`` share on a uniform
+    cluster. ``src`` itself in ``dsts`` and an empty ``dsts`` cost nothing.
+    """
+    src = _device(cluster, src, "src")
+    idx = _devices(cluster, dsts, "dsts")
+    sizes, scalar = _sizes(nbytes)
+    return _result(_fan(cluster, src, idx, sizes, inbound=False), scalar)
+
+
+# --------------------------------------------------------------------------- fitted models
+
+
+class Segment(BaseModel):
+    """One piece of a :class:`SegmentedLinear`: ``t = intercept_s + slope_s_per_byte · S``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    intercept_s: Annotated[float, Field(allow_inf_nan=False)]
+    slope_s_per_byte: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class SegmentedLinear(BaseModel):
+    """A transfer time in seconds as a piecewise-linear function of bytes (TAG §4.1.2).
+
+    ``segments[i]`` holds for sizes in ``[breakpoints_bytes[i-1], breakpoints_bytes[i])``
+    (the first from 0, the last up to infinity: beyond the measured range the last piece
+    extrapolates linearly). Slopes are ``>= 0`` and each piece is floored at the value
+    the previous pieces reached, so predictions never decrease with size:
+
+    .. math:: t(S) = \\max\\left(a_i + b_i S,\\; \\max_{j<i} (a_j + b_j β_j)\\right),
+              \\quad β_{i-1} \\le S < β_i
+
+    >>> model = SegmentedLinear(
+    ...     breakpoints_bytes=(1000.0,),
+    ...     segments=(
+    ...         Segment(intercept_s=1e-5, slope_s_per_byte=0.0),
+    ...         Segment(intercept_s=0.0, slope_s_per_byte=1e-8),
+    ...     ),
+    ... )
+    >>> model.predict([10, 1000, 4000]).tolist()
+    [1e-05, 1e-05, 4e-05]
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    breakpoints_bytes: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...] = ()
+    segments: tuple[Segment, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SegmentedLinear:
+        breaks = self.breakpoints_bytes
+        for left, right in itertools.pairwise(breaks):
+            if right <= left:
+                raise ValueError(
+                    f"breakpoints_bytes must be strictly increasing, got {list(breaks)}"
+                )
+        if len(self.segments) != len(breaks) + 1:
+            raise ValueError(
+                f"{len(self.segments)} segments need {len(self.segments) - 1} breakpoints, "
+                f"got {len(breaks)}"
+            )
+        if self.segments[0].intercept_s < 0:
+            raise ValueError(
+                f"the first segment predicts negative times (intercept_s "
+                f"{self.segments[0].intercept_s} < 0)"
+            )
+        return self
+
+    @property
+    def num_segments(self) -> int:
+        """Number of linear pieces."""
+        return len(self.segments)
+
+    def predict(self, nbytes: npt.ArrayLike) -> Seconds:
+        """Predicted seconds for ``nbytes`` (a number or an array of sizes)."""
+        sizes, scalar = _sizes(nbytes)
+        intercept = np.array([s.intercept_s for s in self.segments])
+        slope = np.array([s.slope_s_per_byte for s in self.segments])
+        breaks = np.array(self.breakpoints_bytes, dtype=np.float64)
+        # floor[i]: the highest value the pieces before i reach (at their right ends).
+        ends = intercept[:-1] + slope[:-1] * breaks
+        floor = np.maximum.accumulate(np.concatenate([[0.0], ends]))
+        piece = np.searchsorted(breaks, sizes, side="right")
+        seconds = np.maximum(intercept[piece] + slope[piece] * sizes, floor[piece])
+        return _result(seconds, scalar)
+
+
+def _fit_line(x: np.ndarray, t: np.ndarray, *, first: bool) -> tuple[float, float, float]:
+    """Least squares of the relative error ``(a + b x - t) / t``: (a, b, Σ error²).
+
+    Constrained to ``b >= 0`` (flat line at the weighted mean) and, for the first
+    segment, ``a >= 0`` (line through the origin).
+    """
+    w = 1.0 / t
+    scale = float(x.max())
+    design = np.column_stack([w, w * x / scale])
+    if np.unique(x).size > 1:
+        (a, b), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+        b /= scale
+    else:
+        a, b = -1.0, -1.0
+    if b < 0:
+        a, b = float(np.sum(w) / np.sum(w * w)), 0.0
+    elif first and a < 0:
+        xw = x * w
+        a, b = 0.0, float(np.sum(xw) / np.sum(xw * xw))
+    error = float(np.sum((a * w + b * x * w - 1.0) ** 2))
+    return float(a), float(b), error
+
+
+def _breakpoint(
+    lo: float, hi: float, left: tuple[float, float], right: tuple[float, float]
+) -> float:
+    """Where two fitted pieces meet between sizes ``lo < hi`` (their crossing if it lies
+    there, else the geometric midpoint)."""
+    (a0, b0), (a1, b1) = left, right
+    if b0 != b1:
+        cross = (a1 - a0) / (b0 - b1)
+        tolerance = 1e-9 * hi
+        if lo - tolerance <= cross <= hi + tolerance:
+            return min(max(cross, lo), hi)
+    return float(np.sqrt(lo * hi))
+
+
+def fit_segmented_linear(
+    sizes_bytes: npt.ArrayLike, times_s: npt.ArrayLike, max_segments: int = 3
+) -> SegmentedLinear:
+    """Fit a monotone :class:`SegmentedLinear` to measured transfer times (TAG §4.1.2).
+
+    Each piece is a least-squares line of the *relative* error ``(t̂ - t) / t`` (sizes
+    span six orders of magnitude; absolute errors would ignore small transfers), with
+    slope ``>= 0``. Pieces split the distinct sizes into runs of at least two; for each
+    number of pieces ``s <= max_segments`` the split minimizing the total squared
+    relative error ``E_s`` is found exhaustively (dynamic programming, ``O(s·m²)`` line
+    fits for ``m`` distinct sizes), and ``s`` minimizes
+    ``n·ln(E_s/n) + (3s - 1)·ln n`` (BIC over ``n`` points), so a piece is added only
+    when it pays. Breakpoints lie where neighbouring pieces cross, between the last size
+    of one and the first of the next. Sizes may repeat (several runs per size).
+    """
+    x = np.asarray(sizes_bytes, dtype=np.float64).ravel()
+    t = np.asarray(times_s, dtype=np.float64).ravel()
+    if x.size != t.size or x.size == 0:
+        raise InvalidInput(
+            f"need as many sizes as times, at least one; got {x.size} sizes, {t.size} times"
+        )
+    if not (np.all(np.isfinite(x)) and np.all(x > 0)):
+        raise InvalidInput("sizes_bytes must be finite and > 0")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise InvalidInput("times_s must be finite and > 0 (a transfer takes time)")
+    if isinstance(max_segments, bool) or not isinstance(max_segments, int) or max_segments < 1:
+        raise InvalidInput(f"max_segments must be an integer >= 1, got {max_segments!r}")
+    order = np.argsort(x, kind="stable")
+    x, t = x[order], t[order]
+    distinct, starts = np.unique(x, return_index=True)
+    bounds = np.append(starts, x.size)  # points of distinct size j: bounds[j]:bounds[j+1]
+    m = distinct.size
+    max_pieces = max(1, min(max_segments, m // 2))
+
+    fits: dict[tuple[int, int], tuple[float, float, float]] = {}
+
+    def piece(i: int, j: int) -> tuple[float, float, float]:
+        """Fit over distinct sizes ``i..j-1``."""
+        if (i, j) not in fits:
+            sl = slice(bounds[i], bounds[j])
+            fits[i, j] = _fit_line(x[sl], t[sl], first=i == 0)
+        return fits[i, j]
+
+    min_run = 2 if m > 1 else 1
+    # best[s][j]: (error, cuts) of the best split of distinct sizes 0..j-1 into s pieces.
+    best: list[dict[int, tuple[float, tuple[int, ...]]]] = [{0: (0.0, ())}]
+    for s in range(1, max_pieces + 1):
+        layer: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for j in range(s * min_run, m + 1):
+            options = [
+                (error + piece(i, j)[2], (*cuts, i))
+                for i, (error, cuts) in best[s - 1].items()
+                if j - i >= min_run
+            ]
+            if options:
+                layer[j] = min(options)
+        best.append(layer)
+
+    n = x.size
+    candidates = []
+    for s in range(1, max_pieces + 1):
+        if m in best[s]:
+            error, cuts = best[s][m]
+            bic = n * np.log(max(error / n, 1e-24)) + (3 * s - 1) * np.log(n)
+            candidates.append((bic, s, cuts))
+    _, _, cuts = min(candidates)
+    edges = [*cuts[1:], m]
+    lines = [piece(i, j)[:2] for i, j in zip(cuts, edges, strict=True)]
+    breaks = tuple(
+        _breakpoint(distinct[i - 1], distinct[i], lines[k], lines[k + 1])
+        for k, i in enumerate(cuts[1:])
+    )
+    segments = tuple(Segment(intercept_s=a, slope_s_per_byte=b) for a, b in lines)
+    return SegmentedLinear(breakpoints_bytes=breaks, segments=segments)
+
+
+# --------------------------------------------------------------------------- measured or not
+
+
+class CommEstimate(NamedTuple):
+    """A communication time and where it came from."""
+
+    seconds: Seconds
+    measured: bool
+    """``True`` when a fitted model of the profile produced it, ``False`` for a closed form."""
+
+
+class CommModel:
+    """Communication times from a measured profile where it applies, closed forms elsewhere.
+
+    A :class:`~tagplan.planner.cost.comm_profiler.CommProfile` applies to transfers
+    among devices whose GPU type is its ``device_kind`` (compared ignoring case):
+
+    - **p2p**: the ``p2p.intra`` / ``p2p.inter`` model of the path's kind;
+    - **AllReduce** among ``k`` devices of one machine: ``allreduce["k"]`` (the
+      algorithm the library picked when measuring; unless ``hierarchical`` is asked);
+    - **PS** and **broadcast**: for each link class at the center (bus, NIC), the p2p
+      model of that kind applied to the bytes serialized on it, ``f(n·S)`` in place of
+      ``Σ S/B + α`` (:func:`ps_time_s`).
+
+    Anything else — another device type, a link kind or ``k`` the profile lacks,
+    AllReduce across machines — uses the closed forms of this module. Each ``*_detail``
+    method returns a :class:`CommEstimate` saying which was used (all or nothing); the
+    ``*_time_s`` methods return the seconds alone.
+    """
+
+    def __init__(self, cluster: Cluster, profile: CommProfile | None = None) -> None:
+        self.cluster = cluster
+        self.profile = profile
+        covered = np.zeros(cluster.num_devices, dtype=bool)
+        if profile is not None:
+            kind = profile.device_kind.casefold()
+            types = [t for t, name in enumerate(cluster.type_names) if name.casefold() == kind]
+            covered = np.isin(cluster.device_type, types)
+        self._covered = covered
+
+    def __repr__(self) -> str:
+        kind = "no profile" if self.profile is None else f"profile of {self.profile.device_kind}"
+        return f"CommModel({self.cluster!r}, {kind})"
+
+    def _p2p_model(self, kind: str) -> SegmentedLinear | None:
+        if self.profile is None:
+            return None
+        return self.profile.p2p.intra if kind == "intra" else self.profile.p2p.inter
+
+    def p2p_detail(self, src: int, dst: int, nbytes: npt.ArrayLike) -> CommEstimate:
+        """:func:`p2p_time_s`, or the profile's p2p model for the path's kind."""
+        analytic = p2p_time_s(self.cluster, src, dst, nbytes)
+        path = self.cluster.path(src, dst)
+        model = self._p2p_model(path.kind)
+        if model is None or not self._covered[[src, dst]].all():
+            return CommEstimate(analytic, False)
+        sizes, scalar = _sizes(nbytes)
+        return CommEstimate(_result(self._predict(model, sizes), scalar), True)
+
+    def allreduce_detail(
+        self, devices: DeviceList, nbytes: npt.ArrayLike, algorithm: AllReduceAlgorithm = "auto"
+    ) -> CommEstimate:
+        """:func:`allreduce_time_s`, or the profile's model for ``k`` devices of one machine."""
+        analytic = allreduce_time_s(self.cluster, devices, nbytes, algorithm)
+        idx = _devices(self.cluster, devices, "devices")
+        if self.profile is None or idx.size < 2 or algorithm == "hierarchical":
+            return CommEstimate(analytic, False)
+        model = self.profile.allreduce.get(str(idx.size))
+        one_machine = np.unique(self.cluster.device_machine[idx]).size == 1
+        if model is None or not one_machine or not self._covered[idx].all():
+            return CommEstimate(analytic, False)
+        sizes, scalar = _sizes(nbytes)
+        return CommEstimate(_result(self._predict(model, sizes), scalar), True)
+
+    def _fan_detail(
+        self, center: int, peers: npt.NDArray[np.int64], sizes: np.ndarray
+    ) -> np.ndarray | None:
+        """Measured fan-out time per :func:`broadcast_time_s`; ``None`` when the profile does
+        not cover it or there is nothing to send."""
+        classes = _fan_classes(self.cluster, center, peers)
+        if not classes or not self._covered[center] or not self._covered[peers].all():
+            return None
+        seconds = np.zeros_like(sizes)
+        for kind, members in classes:
+            model = self._p2p_model(kind)
+            if model is None:
+                return None
+            seconds = np.maximum(seconds, self._predict(model, sizes * members.size))
+        return seconds
+
+    def ps_detail(self, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> CommEstimate:
+        """:func:`ps_time_s`, or push and pull priced by the profile's p2p models."""
+        analytic = ps_time_s(self.cluster, workers, server, nbytes)
+        sizes, scalar = _sizes(nbytes)
+        fan = self._fan_detail(server, _devices(self.cluster, workers, "workers"), sizes)
+        if fan is None:
+            return CommEstimate(analytic, False)
+        return CommEstimate(_result(2.0 * fan, scalar), True)
+
+    def broadcast_detail(self, src: int, dsts: DeviceList, nbytes: npt.ArrayLike) -> CommEstimate:
+        """:func:`broadcast_time_s`, or the copies priced by the profile's p2p models."""
+        analytic = broadcast_time_s(self.cluster, src, dsts, nbytes)
+        sizes, scalar = _sizes(nbytes)
+        fan = self._fan_detail(src, _devices(self.cluster, dsts, "dsts"), sizes)
+        if fan is None:
+            return CommEstimate(analytic, False)
+        return CommEstimate(_result(fan, scalar), True)
+
+    @staticmethod
+    def _predict(model: SegmentedLinear, sizes: np.ndarray) -> np.ndarray:
+        return np.where(sizes > 0, np.asarray(model.predict(sizes)), 0.0)
+
+    def p2p_time_s(self, src: int, dst: int, nbytes: npt.ArrayLike) -> Seconds:
+        """Seconds of :meth:`p2p_detail`."""
+        return self.p2p_detail(src, dst, nbytes).seconds
+
+    def allreduce_time_s(
+        self, devices: DeviceList, nbytes: npt.ArrayLike, algorithm: AllReduceAlgorithm = "auto"
+    ) -> Seconds:
+        """Seconds of :meth:`allreduce_detail`."""
+        return self.allreduce_detail(devices, nbytes, algorithm).seconds
+
+    def ps_time_s(self, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> Seconds:
+        """Seconds of :meth:`ps_detail`."""
+        return self.ps_detail(workers, server, nbytes).seconds
+
+    def broadcast_time_s(self, src: int, dsts: DeviceList, nbytes: npt.ArrayLike) -> Seconds:
+        """Seconds of :meth:`broadcast_detail`."""
+        return self.broadcast_detail(src, dsts, nbytes).seconds
