@@ -39,6 +39,7 @@ from tagplan.planner.topology import Cluster
 __all__ = [
     "SCHEMA_VERSION",
     "Collective",
+    "GradientSync",
     "GroupDecision",
     "Mode",
     "OpGroup",
@@ -67,6 +68,21 @@ class Collective(StrEnum):
     AUTO = "auto"
 
 
+class GradientSync(StrEnum):
+    """When a group's gradient AllReduces run.
+
+    ``overlap``: each as soon as its gradient is ready, overlapping the rest of the
+    backward pass; ``after-backward``: all after the whole backward pass (in-graph data
+    parallelism as TAG's DP-NCCL baseline); ``bucketed``: fused into buckets of
+    ``bucket_bytes`` that start when their last gradient is ready (Horovod's tensor
+    fusion, overlapped with backward).
+    """
+
+    OVERLAP = "overlap"
+    AFTER_BACKWARD = "after-backward"
+    BUCKETED = "bucketed"
+
+
 class GroupDecision(BaseModel):
     """TAG's (P_i, O_i) for one op group, with HeteroG's optional refinements."""
 
@@ -79,6 +95,8 @@ class GroupDecision(BaseModel):
     collective: Collective = Collective.AUTO
     ps_device: str | None = None
     placement: dict[str, str] | None = None  # model-parallel: op name -> device name
+    gradient_sync: GradientSync = GradientSync.OVERLAP
+    bucket_bytes: int = Field(default=64 * 2**20, gt=0)
 
 
 class OpGroup(BaseModel):
@@ -145,6 +163,7 @@ class ResolvedStrategy:
     """
 
     strategy: Strategy
+    group_decisions: tuple[GroupDecision, ...]
     op_group: np.ndarray  # int32 per op
     group_option: np.ndarray  # int8 per group (index into Option)
     group_collective: tuple[Collective, ...]
@@ -317,6 +336,7 @@ def resolve(
         sfb.append(parameter_rows[name])
     return ResolvedStrategy(
         strategy=strategy,
+        group_decisions=tuple(decisions),
         op_group=op_group,
         group_option=np.array([_OPTION_CODES[d.option] for d in decisions], dtype=np.int8),
         group_collective=tuple(d.collective for d in decisions),

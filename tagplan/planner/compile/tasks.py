@@ -34,12 +34,12 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph
-from tagplan.planner.strategy import Collective, Mode, ResolvedStrategy
+from tagplan.planner.strategy import Collective, GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["CompiledTasks", "compile_tasks"]
 
-_FULL, _SLICE, _SUM, _MEAN = 0, 1, 2, 3
+_FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
 
 
 class _Copy(NamedTuple):
@@ -183,6 +183,8 @@ class _Compiler:
         self.parameter_region[params.region_op] = True
         self.compute_s = 0.0
         self.measured_s = 0.0
+        # per collective: (task, op group, bytes, participating devices, algorithm name)
+        self.collectives: list[tuple[int, int, int, np.ndarray, str]] = []
 
     # resources -----------------------------------------------------------------------------
     def _path_links(self, src: int, dst: int) -> list[int]:
@@ -261,7 +263,7 @@ class _Compiler:
         if cached is not None:
             return cached
         copies = self.copies[tensor]
-        whole = [c for c in copies if c.kind == _FULL]
+        whole = [c for c in copies if c.kind == _FULL] or [c for c in copies if c.kind == _LOCAL]
         if whole:
             return self._local(tensor, self._closest(whole, device), device, group)
         partial = [c for c in copies if c.kind in (_SUM, _MEAN)]
@@ -357,6 +359,7 @@ class _Compiler:
         )
         for piece in inputs:
             self.out.read(piece, task)
+        self.collectives.append((task, int(self.resolved.op_group[reader]), nbytes, members, name))
         for member in members.tolist():
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
             self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))
@@ -387,10 +390,50 @@ class _Compiler:
         self.cache[(tensor, source, lo, hi)] = piece
         return self._local(tensor, piece, device, group)
 
+    def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
+        """Per-replica batch statistics are used where they are, as in every data-parallel
+        framework: by the same replica (its batch-norm gradient), or by whatever runs on
+        that GPU (the update of its mirror of the running averages)."""
+        local = [c for c in self.copies[tensor] if c.kind in (_MEAN, _LOCAL) and c.device == device]
+        exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
+        return (exact or local or [None])[0]
+
     def _hub(self, tensor: int) -> int:
         """Where a whole copy is made before splitting: the first producing GPU."""
         whole = [c for c in self.copies[tensor] if c.kind == _FULL]
         return (whole or self.copies[tensor])[0].device
+
+    def _schedule_collectives(self) -> None:
+        """Apply each group's gradient-sync mode to its AllReduces (see GradientSync)."""
+        inputs: dict[int, set[int]] = {}
+        for pred, succ in self.out.edges:
+            inputs.setdefault(succ, set()).add(pred)
+        decisions = self.resolved.group_decisions
+        for group in sorted({c[1] for c in self.collectives}):
+            decision = decisions[group]
+            members = [c for c in self.collectives if c[1] == group]
+            if decision.gradient_sync == GradientSync.AFTER_BACKWARD:
+                every_gradient = {p for c in self.collectives for p in inputs.get(c[0], ())}
+                _barrier(self.out, "after backward", group, every_gradient, [c[0] for c in members])
+            elif decision.gradient_sync == GradientSync.BUCKETED:
+                bucket: list[tuple[int, int, int, np.ndarray, str]] = []
+                for collective in [*members, None]:
+                    full = sum(c[2] for c in bucket) >= decision.bucket_bytes
+                    if bucket and (collective is None or full):
+                        self._fuse(bucket, inputs, group)
+                        bucket = []
+                    if collective is not None:
+                        bucket.append(collective)
+
+    def _fuse(self, bucket: list, inputs: dict[int, set[int]], group: int) -> None:
+        """Horovod tensor fusion: the bucket's AllReduces start together when its last
+        gradient is ready and share one latency: each takes its share of the fused time."""
+        total = sum(c[2] for c in bucket)
+        fused = float(self.comm.allreduce_time_s(bucket[0][3], total, algorithm=bucket[0][4]))
+        for task, _, nbytes, _, _ in bucket:
+            self.out.duration[task] = fused * nbytes / total if total else 0.0
+        waits = {p for c in bucket for p in inputs.get(c[0], ())}
+        _barrier(self.out, f"bucket of {len(bucket)}", group, waits, [c[0] for c in bucket])
 
     # ops ---------------------------------------------------------------------------------
     def _publish(self, op: int, inst: int, task: int) -> None:
@@ -406,6 +449,8 @@ class _Compiler:
                 kind, lo_t, hi_t = _SUM, lo, hi
             elif aggregation == Aggregation.MEAN:
                 kind, lo_t, hi_t = _MEAN, lo, hi
+            elif aggregation == Aggregation.LOCAL:
+                kind, lo_t, hi_t = _LOCAL, lo, hi
             elif carries:
                 kind, lo_t, hi_t = _SLICE, lo, hi
                 if (lo, hi) == (0, self.ir.batch_size):
@@ -444,12 +489,15 @@ class _Compiler:
                     if split and ir.tensor_batch_axis[tensor] >= 0:
                         copy = self._slice(tensor, device, lo, hi, group, op)
                     else:
-                        copy = self._full(tensor, device, group, op)
+                        copy = self._same_replica(tensor, device, lo, hi) or self._full(
+                            tensor, device, group, op
+                        )
                     self.out.read(copy, task)
                 for pred in ir.control_preds(op).tolist():
                     for pred_inst in placement.instances(pred):
                         self.out.edges.add((int(instance_task[pred_inst]), task))
                 self._publish(op, inst, task)
+        self._schedule_collectives()
         persistent = np.zeros(self.cluster.num_devices, dtype=np.int64)
         for op in np.flatnonzero(ir.variable_bytes > 0).tolist():
             for device in placement.devices(op).tolist():
@@ -459,6 +507,15 @@ class _Compiler:
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
         return CompiledTasks(graph, placement, instance_task, measured)
+
+
+def _barrier(
+    out: _Builder, name: str, group: int, waits_for: set[int], releases: list[int]
+) -> None:
+    """A zero-time task that ``releases`` wait for and that waits for ``waits_for``."""
+    task = out.task(TRANSFER, -1, 0.0, group, name)
+    out.edges.update((pred, task) for pred in waits_for)
+    out.edges.update((task, succ) for succ in releases)
 
 
 def compile_tasks(

@@ -426,10 +426,11 @@ def fit_segmented_linear(
 
     Each piece is a least-squares line of the *relative* error ``(t̂ - t) / t`` (sizes
     span six orders of magnitude; absolute errors would ignore small transfers), with
-    slope ``>= 0``. Pieces split the distinct sizes into runs of at least two; for each
-    number of pieces ``s <= max_segments`` the split minimizing the total squared
-    relative error ``E_s`` is found exhaustively (dynamic programming, ``O(s·m²)`` line
-    fits for ``m`` distinct sizes), and ``s`` minimizes
+    slope ``>= 0``. Pieces split the distinct sizes into runs of at least three (two
+    below six sizes), and the last of several pieces must rise (it extrapolates past the
+    largest size). For each number of pieces ``s <= max_segments`` the split minimizing
+    the total squared relative error ``E_s`` is found exhaustively (dynamic programming,
+    ``O(s·m²)`` line fits for ``m`` distinct sizes), and ``s`` minimizes
     ``n·ln(E_s/n) + (3s - 1)·ln n`` (BIC over ``n`` points), so a piece is added only
     when it pays. Breakpoints lie where neighbouring pieces cross, between the last size
     of one and the first of the next. Sizes may repeat (several runs per size).
@@ -451,7 +452,9 @@ def fit_segmented_linear(
     distinct, starts = np.unique(x, return_index=True)
     bounds = np.append(starts, x.size)  # points of distinct size j: bounds[j]:bounds[j+1]
     m = distinct.size
-    max_pieces = max(1, min(max_segments, m // 2))
+    # A line through two sizes always fits; runs of three keep pieces from chasing noise.
+    min_run = 1 if m == 1 else 2 if m < 6 else 3
+    max_pieces = max(1, min(max_segments, m // min_run))
 
     fits: dict[tuple[int, int], tuple[float, float, float]] = {}
 
@@ -462,7 +465,6 @@ def fit_segmented_linear(
             fits[i, j] = _fit_line(x[sl], t[sl], first=i == 0)
         return fits[i, j]
 
-    min_run = 2 if m > 1 else 1
     # best[s][j]: (error, cuts) of the best split of distinct sizes 0..j-1 into s pieces.
     best: list[dict[int, tuple[float, tuple[int, ...]]]] = [{0: (0.0, ())}]
     for s in range(1, max_pieces + 1):
@@ -471,7 +473,7 @@ def fit_segmented_linear(
             options = [
                 (error + piece(i, j)[2], (*cuts, i))
                 for i, (error, cuts) in best[s - 1].items()
-                if j - i >= min_run
+                if j - i >= min_run and (j < m or s == 1 or piece(i, j)[1] > 0)
             ]
             if options:
                 layer[j] = min(options)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -61,6 +62,11 @@ COMM_PROFILE_VERSION = 1
 """The comm-profile version this release reads and writes."""
 
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+# TensorFlow keeps the parameters of every collective instance for the life of its
+# runtime, so an instance key must never be used twice in one process, even across
+# profiling runs with different sizes.
+_instance_keys = itertools.count(1)
 
 
 class _Model(BaseModel):
@@ -375,7 +381,6 @@ def _measure(count: int, sizes: Sequence[int], repeats: int) -> tuple[list[Measu
 
     measurements: list[Measurement] = []
     copy = copy_to(names[1])
-    instance_key = 0
     for i, nbytes in enumerate(sizes):
         with tf.device(names[0]):
             x = tf.random.uniform([nbytes // 4], dtype=tf.float32)
@@ -391,8 +396,7 @@ def _measure(count: int, sizes: Sequence[int], repeats: int) -> tuple[list[Measu
             for name in names[:k]:
                 with tf.device(name):
                     xs.append(tf.random.uniform([nbytes // 4], dtype=tf.float32))
-            instance_key += 1
-            allreduce = allreduce_among(k, instance_key)
+            allreduce = allreduce_among(k, next(_instance_keys))
             times = _timed(lambda f=allreduce, xs=xs: f(*xs), repeats, sync)
             measurements.append(
                 Measurement(
@@ -400,12 +404,17 @@ def _measure(count: int, sizes: Sequence[int], repeats: int) -> tuple[list[Measu
                 )
             )
             del xs
+    copy_note = (
+        "virtual CPU devices share host memory, so the add's read and write of every byte "
+        "is the copy"
+        if kind == "CPU"
+        else "the runtime copies the tensor between the devices before the add"
+    )
     description = (
         f"TensorFlow {tf.__version__} on {where}. p2p: a float32 tensor resident on "
-        f"{names[0]} consumed by an AddV2 placed on {names[1]} (virtual CPU devices share "
-        "host memory, so the add's read and write of every byte is the copy). allreduce: "
+        f"{names[0]} consumed by an AddV2 placed on {names[1]} ({copy_note}). allreduce: "
         "CollectiveReduceV2 (sum, communication_hint=auto: ring on CPUs, NCCL on GPUs) "
-        f"among the first k devices. Median of {repeats} timed runs after 2 warm-up runs."
+        f"among the first k devices. Median of {repeats} timed runs after warm-up."
     )
     return measurements, kind, description
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import numbers
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -187,10 +188,8 @@ def _location(loc: Sequence[Any]) -> str:
 def _describe(exc: ValidationError, *, limit: int = 5) -> str:
     messages = []
     for error in exc.errors()[:limit]:
-        if error["type"] == "value_error":
-            message = str(error["ctx"]["error"])
-        else:
-            message = error["msg"]
+        value_error = error["type"] == "value_error"
+        message = str(error["ctx"]["error"]) if value_error else error["msg"]
         where = _location(error["loc"])
         messages.append(f"{where}: {message}" if where else message)
     more = len(exc.errors()) - limit
@@ -246,6 +245,12 @@ def dump_profile(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_batch(batch: int) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch <= 0:
+        raise InvalidInput(f"batch size must be a positive integer, got {batch!r}")
+    return int(batch)
+
+
 def estimate_time(points: Mapping[int, float], batch: int) -> float:
     r"""Op time at ``batch`` from measured ``{batch size: seconds}`` points (TAG §4.1.2).
 
@@ -268,8 +273,7 @@ def estimate_time(points: Mapping[int, float], batch: int) -> float:
     >>> estimate_time({8: 2.0, 16: 3.0}, 4)
     1.5
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise InvalidInput(f"batch size must be a positive integer, got {batch!r}")
+    batch = _check_batch(batch)
     if not points:
         raise InvalidInput("no measured points to estimate an op time from")
     if batch in points:
@@ -314,10 +318,10 @@ class InMemoryProfileSource:
     any batch size.
 
     >>> source = InMemoryProfileSource()
-    >>> source.add("Relu|float32[B,4]|T=float32", "V100-32GB", 8, 2e-6)
-    >>> source.add("Relu|float32[B,4]|T=float32", "V100-32GB", 16, 3e-6)
+    >>> source.add("Relu|float32[B,4]|T=float32", "V100-32GB", 8, 0.002)
+    >>> source.add("Relu|float32[B,4]|T=float32", "V100-32GB", 16, 0.003)
     >>> source.lookup("Relu|float32[B,4]|T=float32", "v100-32gb", 12)
-    2.5e-06
+    0.0025
     """
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
@@ -353,8 +357,7 @@ class InMemoryProfileSource:
             raise InvalidInput("cost key must not be empty")
         if not gpu_type.strip():
             raise InvalidInput("gpu_type must not be empty")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-            raise InvalidInput(f"batch size must be a positive integer, got {batch!r}")
+        batch = _check_batch(batch)
         if not math.isfinite(seconds) or seconds < 0:
             raise InvalidInput(f"op time must be finite and non-negative, got {seconds!r}")
         self._gpu_names.setdefault(_gpu_key(gpu_type), gpu_type)
@@ -379,8 +382,7 @@ class InMemoryProfileSource:
         """Seconds at ``batch`` by :func:`estimate_time`, ``None`` when never profiled."""
         points = self._points.get((_gpu_key(gpu_type), cost_key))
         if not points:
-            if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-                raise InvalidInput(f"batch size must be a positive integer, got {batch!r}")
+            _check_batch(batch)
             return None
         return estimate_time(points, batch)
 

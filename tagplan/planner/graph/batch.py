@@ -59,6 +59,7 @@ class Aggregation(IntEnum):
     MEAN = 2  # per-replica batch statistics: average them (batch norm)
     REPLICATED = 3  # does not depend on the split: every replica has the full value
     LOST = 4  # no aggregation recovers it: the op must not be split
+    LOCAL = 5  # describes the replica's own slice (its shape): read by that replica
 
 
 NO_AXIS = -1
@@ -117,7 +118,7 @@ _BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV
 _BATCH_NORM_GRADS = frozenset(
     {"FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"}
 )
-# Ops whose output describes the input's shape: it changes when the input is split.
+# Ops whose output describes the input's shape: split, each replica gets its own slice's.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
 # Elementwise-like ops along which the backward pass marks batch-sized inputs.
 _ALIGNED = _ELEMENTWISE
@@ -450,8 +451,12 @@ class _Propagator:
             if self.first_batch_input(node) is None:
                 continue
             op = graph.ops[node]
-            if not known_op[node] or op in _SHAPE_OPS:
-                rule: _OutputRule = self._lost(node)
+            if op in _SHAPE_OPS:
+                # a replica reads the shape of its own slice, as its split ops need
+                count = self.outputs(node)
+                rule: _OutputRule = ([NO_AXIS] * count, [Aggregation.LOCAL] * count)
+            elif not known_op[node]:
+                rule = self._lost(node)
             else:
                 found = self.rules[op](node) if op in self.rules else None
                 rule = found if found is not None else self._shape_rule(node)

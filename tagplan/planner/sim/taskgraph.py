@@ -69,11 +69,11 @@ class TaskGraph:
     def validate(self) -> None:
         """Check shapes, index ranges and acyclicity; raise InvalidInput naming the fault."""
         n = self.num_tasks
-        for name in ("task_device", "task_duration_s", "task_priority", "task_group",
-                     "task_bytes"):
+        for name in ("task_device", "task_duration_s", "task_priority", "task_group", "task_bytes"):
             if len(getattr(self, name)) != n:
-                raise InvalidInput(f"task graph: {name} has {len(getattr(self, name))} rows, "
-                                   f"expected {n}")
+                raise InvalidInput(
+                    f"task graph: {name} has {len(getattr(self, name))} rows, expected {n}"
+                )
         for ptr_name, ptr, rows in (
             ("link_ptr", self.link_ptr, n),
             ("succ_ptr", self.succ_ptr, n),

@@ -217,7 +217,7 @@ def test_concat_along_the_batch_is_not_splittable() -> None:
     assert p.category("cat_batch") == NONE
 
 
-def test_unknown_and_shape_ops_are_never_split() -> None:
+def test_unknown_ops_are_never_split_and_shape_ops_describe_their_replica() -> None:
     p = Probe(
         [
             placeholder("x", [B, 4]),
@@ -227,7 +227,9 @@ def test_unknown_and_shape_ops_are_never_split() -> None:
     )
     assert p.category("mystery") == NONE
     assert p.axis("mystery") == -1
-    assert p.category("shape") == NONE
+    # a replica's Shape reads its own slice (what a split Conv2DBackpropInput needs)
+    assert p.category("shape") == CONCAT
+    assert p.aggregation("shape") == Aggregation.LOCAL
 
 
 def test_batch_sized_tensors_built_from_constants_are_marked() -> None:

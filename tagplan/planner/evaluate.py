@@ -1,0 +1,62 @@
+"""Score one strategy: resolve, compile to tasks, simulate (TAG §4.3's virtual runtime)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tagplan.planner.compile.tasks import CompiledTasks, compile_tasks
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.sim.simulate import SimResult, simulate, upward_rank
+from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
+from tagplan.planner.topology import Cluster
+
+__all__ = ["Evaluation", "Evaluator"]
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    strategy: Strategy
+    resolved: ResolvedStrategy
+    compiled: CompiledTasks
+    result: SimResult
+
+    @property
+    def step_time_s(self) -> float:
+        return self.result.step_time_s
+
+
+class Evaluator:
+    """Everything fixed for one (graph, cluster) pair: cost and communication models."""
+
+    def __init__(
+        self,
+        ir: GraphIR,
+        cluster: Cluster,
+        *,
+        costs: OpCostModel | None = None,
+        comm: CommModel | None = None,
+        use_priority: bool = False,
+        reserve_bytes: int = FRAMEWORK_RESERVE_BYTES,
+    ) -> None:
+        self.ir, self.cluster = ir, cluster
+        self.costs = costs or OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+        self.comm = comm or CommModel(cluster)
+        self.use_priority = use_priority
+        self.reserve_bytes = reserve_bytes
+
+    def evaluate(self, strategy: Strategy) -> Evaluation:
+        resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
+        compiled = compile_tasks(self.ir, self.cluster, resolved, costs=self.costs, comm=self.comm)
+        graph = compiled.task_graph
+        if self.use_priority:
+            graph.task_priority[:] = upward_rank(graph)
+        result = simulate(
+            graph,
+            device_memory_bytes=self.cluster.device_memory_bytes,
+            reserve_bytes=self.reserve_bytes,
+            use_priority=self.use_priority,
+        )
+        return Evaluation(strategy, resolved, compiled, result)

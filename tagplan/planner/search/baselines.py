@@ -1,0 +1,143 @@
+"""The strategies every plan is measured against (DESIGN.md §7, TAG §5.2), as strategies
+of the same kind the search produces, so one compiler and one simulator judge them all.
+
+* ``single``: the whole step on the best single GPU that fits it;
+* ``dp-nccl``: data parallelism on every GPU, equal batch shares, one ring AllReduce per
+  gradient after the backward pass (TAG's in-graph DP-NCCL);
+* ``dp-nccl-p``: the same with batch shares proportional to each GPU's speed on this
+  model (TAG §5.2 baseline 2);
+* ``dp-ps``: data parallelism with parameters spread round-robin over every GPU acting
+  as a parameter server;
+* ``horovod``: data parallelism with AllReduce fused into 64 MiB buckets that overlap the
+  backward pass, hierarchical where it is faster (Horovod's tensor fusion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, single_device_peak_bytes
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import (
+    Collective,
+    GradientSync,
+    GroupDecision,
+    OpGroup,
+    Option,
+    Strategy,
+)
+from tagplan.planner.topology import Cluster
+
+__all__ = ["BASELINES", "baseline_strategy"]
+
+
+def _all_groups(cluster: Cluster) -> list[int]:
+    return list(range(cluster.num_groups))
+
+
+def _device_type(cluster: Cluster, device: int) -> str:
+    return str(cluster.type_names[cluster.device_type[device]])
+
+
+def single_gpu(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """The fastest GPU that holds the whole step (or the largest one if none does)."""
+    need = single_device_peak_bytes(ir) + FRAMEWORK_RESERVE_BYTES
+    candidates = [int(cluster.group_devices(g)[0]) for g in range(cluster.num_groups)]
+    fits = [d for d in candidates if cluster.device_memory_bytes[d] >= need]
+    if fits:
+        device = min(
+            fits,
+            key=lambda d: (costs.op_times(_device_type(cluster, d), ir.batch_size).total_s, d),
+        )
+    else:
+        device = max(candidates, key=lambda d: (cluster.device_memory_bytes[d], -d))
+    group = int(cluster.group_of_device[device])
+    replicas = {str(cluster.device_names[d]): 0 for d in cluster.group_devices(group)}
+    replicas[str(cluster.device_names[device])] = 1
+    decision = GroupDecision(
+        device_groups=[group], option=Option.REPLICATE_ALLREDUCE, replicas=replicas
+    )
+    return Strategy(name="single", default=decision)
+
+
+def dp_nccl(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    decision = GroupDecision(
+        device_groups=_all_groups(cluster),
+        option=Option.REPLICATE_ALLREDUCE,
+        collective=Collective.RING,
+        gradient_sync=GradientSync.AFTER_BACKWARD,
+    )
+    return Strategy(name="dp-nccl", default=decision)
+
+
+def dp_nccl_proportional(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """Batch shares inversely proportional to each GPU's step time on this model."""
+    local = max(1, ir.batch_size // cluster.num_devices)
+    speed = {
+        str(cluster.device_names[d]): 1.0
+        / max(costs.op_times(_device_type(cluster, d), local).total_s, 1e-12)
+        for d in range(cluster.num_devices)
+    }
+    decision = GroupDecision(
+        device_groups=_all_groups(cluster),
+        option=Option.REPLICATE_ALLREDUCE,
+        collective=Collective.RING,
+        gradient_sync=GradientSync.AFTER_BACKWARD,
+        batch_weights=speed,
+    )
+    return Strategy(name="dp-nccl-p", default=decision)
+
+
+def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """Every parameter's variable, slots and update on one PS GPU, round-robin over GPUs
+    in order of decreasing parameter size so the load spreads evenly."""
+    params = ir.parameters
+    groups = _all_groups(cluster)
+    order = np.argsort(-params.bytes, kind="stable")
+    load = np.zeros(cluster.num_devices)
+    op_groups = []
+    for row in order.tolist():
+        device = int(np.argmin(load))
+        load[device] += params.bytes[row]
+        ops = {int(params.variable_op[row]), int(params.apply_op[row])}
+        ops.update(params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]].tolist())
+        ops.update(params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]].tolist())
+        decision = GroupDecision(
+            device_groups=groups,
+            option=Option.REPLICATE_PS,
+            ps_device=str(cluster.device_names[device]),
+        )
+        op_groups.append(OpGroup(ops=[ir.op_names[o] for o in sorted(ops)], decision=decision))
+    default = GroupDecision(device_groups=groups, option=Option.REPLICATE_PS)
+    return Strategy(name="dp-ps", groups=op_groups, default=default)
+
+
+def horovod(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    decision = GroupDecision(
+        device_groups=_all_groups(cluster),
+        option=Option.REPLICATE_ALLREDUCE,
+        collective=Collective.AUTO,
+        gradient_sync=GradientSync.BUCKETED,
+    )
+    return Strategy(name="horovod", default=decision)
+
+
+BASELINES: dict[str, Callable[[GraphIR, Cluster, OpCostModel], Strategy]] = {
+    "single": single_gpu,
+    "dp-nccl": dp_nccl,
+    "dp-nccl-p": dp_nccl_proportional,
+    "dp-ps": dp_ps,
+    "horovod": horovod,
+}
+
+
+def baseline_strategy(name: str, ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """The named baseline's strategy for this graph and cluster."""
+    builder = BASELINES.get(name)
+    if builder is None:
+        raise InvalidInput(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+    return builder(ir, cluster, costs)
