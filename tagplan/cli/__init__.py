@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tagplan.cli import analyze, cluster, cost, zoo
+from tagplan.cli import analyze, cluster, cost, simulate, zoo
 
 app = typer.Typer(
     name="tagplan",
@@ -16,6 +16,7 @@ app = typer.Typer(
 app.command("analyze")(analyze.analyze_command)
 app.command("cluster")(cluster.cluster_command)
 app.command("cost")(cost.cost_command)
+app.command("simulate")(simulate.simulate_command)
 app.add_typer(zoo.app, name="zoo")
 
 
