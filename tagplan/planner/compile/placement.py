@@ -127,7 +127,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
                 for r, d in enumerate(replica_devices)
                 if bounds[r + 1] > bounds[r]
             ]
-        if modes[op] != Mode.SPLIT and len(rows[op]) == 1:
+        if len(rows[op]) == 1:  # one replica, or one GPU: nothing is split or copied
             modes[op] = Mode.SINGLE
 
     # colocated ops (reads, updates, slots) follow their variable's placement

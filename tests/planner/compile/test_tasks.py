@@ -1,0 +1,140 @@
+"""The task-graph compiler against hand-counted task graphs and closed-form times."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tagplan.planner.compile.tasks import compile_tasks
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.sim.simulate import simulate
+from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
+from tagplan.planner.strategy import GroupDecision, Mode, Option, Strategy, resolve
+from tagplan.planner.topology import load_cluster
+from tests.planner.graph.builders import dense_graph, graph_def
+
+BATCH, FEATURES, UNITS = 8, 4, 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two machines with two T4s each: 100 Gbps inside, 10 Gbps between."""
+    return load_cluster(
+        {
+            "machines": [
+                {"name": "a", "gpus": {"type": "T4", "count": 2}, "intra_bandwidth_gbps": 100},
+                {"name": "b", "gpus": {"type": "T4", "count": 2}, "intra_bandwidth_gbps": 100},
+            ],
+            "network": {"bandwidth_gbps": 10, "latency_us": 10},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def ir():
+    return analyze(graph_def(dense_graph(batch=BATCH, features=FEATURES, units=UNITS)))
+
+
+def compiled(ir, cluster, decision: GroupDecision):
+    resolved = resolve(Strategy(default=decision), ir, cluster)
+    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    result = compile_tasks(ir, cluster, resolved, costs=costs)
+    result.task_graph.validate()
+    return result, costs
+
+
+def test_single_gpu_step_is_the_sum_of_op_times(ir, cluster) -> None:
+    decision = GroupDecision(
+        device_groups=[0], option=Option.REPLICATE_ALLREDUCE, replicas={"a/GPU:1": 0}
+    )
+    tasks, costs = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    assert (graph.task_kind == COMPUTE).all() and (graph.task_device == 0).all()
+    assert graph.num_tasks == ir.num_ops
+    expected = costs.op_times("T4", BATCH).total_s
+    assert simulate(graph).step_time_s == pytest.approx(expected)
+
+
+def test_data_parallel_splits_the_batch_and_allreduces_the_gradient(ir, cluster) -> None:
+    decision = GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE)
+    tasks, _ = compiled(ir, cluster, decision)
+    graph, placement = tasks.task_graph, tasks.placement
+    y = ir.op_names.index("y")
+    assert placement.op_mode[y] == Mode.SPLIT
+    assert [placement.local_batch(i) for i in placement.instances(y)] == [4, 4]
+    collectives = np.flatnonzero(graph.task_kind == COLLECTIVE)
+    assert len(collectives) == 1
+    gradient_bytes = FEATURES * UNITS * 4
+    assert graph.task_bytes[collectives[0]] == gradient_bytes
+    # ring AllReduce over 2 GPUs of one machine: 2(k-1)/k * S/B + 2(k-1) * alpha
+    bandwidth, latency = 100e9 / 8, cluster.latency_s[0, 1]
+    expected = 2 * (1 / 2) * gradient_bytes / bandwidth + 2 * latency
+    assert graph.task_duration_s[collectives[0]] == pytest.approx(expected)
+    # the parameter is mirrored: its bytes are resident on both GPUs
+    assert graph.persistent_bytes[:2].tolist() == [gradient_bytes, gradient_bytes]
+
+
+def test_parameter_server_pushes_partial_gradients_and_sums_them(ir, cluster) -> None:
+    decision = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_PS, ps_device="b/GPU:0")
+    tasks, _ = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    assert not (graph.task_kind == COLLECTIVE).any()
+    pushes = [
+        i
+        for i in np.flatnonzero(graph.task_kind == TRANSFER)
+        if graph.task_names[i].startswith("send dw:0")
+    ]
+    assert len(pushes) == 3  # three workers that are not the server
+    assert all(graph.task_bytes[i] == FEATURES * UNITS * 4 for i in pushes)
+    apply = tasks.instance_task[tasks.placement.instances(ir.op_names.index("update_w"))]
+    assert graph.task_device[apply].tolist() == [2]  # b/GPU:0
+    assert graph.persistent_bytes.tolist() == [0, 0, FEATURES * UNITS * 4, 0]
+
+
+def test_duplicate_runs_everything_everywhere_without_sync(ir, cluster) -> None:
+    decision = GroupDecision(device_groups=[0, 1], option=Option.DUPLICATE)
+    tasks, _ = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    assert not (graph.task_kind == COLLECTIVE).any()
+    assert not (graph.task_kind == TRANSFER).any()
+    assert graph.num_tasks == 4 * ir.num_ops
+
+
+def test_model_parallel_places_each_op_once_and_moves_cut_tensors(ir, cluster) -> None:
+    names = list(cluster.device_names)
+    placement = {"y": names[3], "dy": names[3], "loss": names[3], "dw": names[0]}
+    decision = GroupDecision(
+        device_groups=[0, 1], option=Option.MODEL_PARALLEL, placement=placement
+    )
+    tasks, _ = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    assert all(len(tasks.placement.instances(op)) == 1 for op in range(ir.num_ops))
+    transfers = [graph.task_names[i] for i in np.flatnonzero(graph.task_kind == TRANSFER)]
+    # x and w's value go to y's GPU on the other machine; dy comes back to dw
+    assert any(name.startswith("send x:0") for name in transfers)
+    assert any(name.startswith("send dy:0") for name in transfers)
+    x_send = next(
+        i
+        for i in np.flatnonzero(graph.task_kind == TRANSFER)
+        if graph.task_names[i].startswith("send x:0")
+    )
+    expected = CommModel(cluster).p2p_time_s(0, 3, BATCH * FEATURES * 4)
+    assert graph.task_duration_s[x_send] == pytest.approx(float(expected))
+    assert len(graph.link_index[graph.link_ptr[x_send] : graph.link_ptr[x_send + 1]]) == 4
+
+
+def test_uneven_replicas_follow_the_batch_weights(ir, cluster) -> None:
+    decision = GroupDecision(
+        device_groups=[0, 1],
+        option=Option.REPLICATE_ALLREDUCE,
+        replicas={"a/GPU:0": 2, "b/GPU:1": 0},
+        batch_weights={"a/GPU:0": 2.0},
+    )
+    tasks, _ = compiled(ir, cluster, decision)
+    y = ir.op_names.index("y")
+    placement = tasks.placement
+    assert placement.devices(y).tolist() == [0, 0, 1, 2]
+    assert sum(placement.local_batch(i) for i in placement.instances(y)) == BATCH
+    assert [placement.local_batch(i) for i in placement.instances(y)] == [2, 2, 2, 2]

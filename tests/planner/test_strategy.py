@@ -1,0 +1,96 @@
+"""Strategy JSON and its validation against a graph and a cluster (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.strategy import (
+    GroupDecision,
+    OpGroup,
+    Option,
+    Strategy,
+    load_strategy,
+    resolve,
+)
+from tagplan.planner.topology import load_cluster
+from tests.planner.graph.builders import dense_graph, graph_def
+
+
+@pytest.fixture(scope="module")
+def ir():
+    return analyze(graph_def(dense_graph()))
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    return load_cluster("testbed")
+
+
+def decision(**changes) -> GroupDecision:
+    return GroupDecision(**({"device_groups": [0], "option": Option.REPLICATE_ALLREDUCE} | changes))
+
+
+def test_json_round_trip_keeps_every_field() -> None:
+    strategy = Strategy(
+        name="mixed",
+        groups=[OpGroup(ops=["y", "dy"], decision=decision(option=Option.MODEL_PARALLEL))],
+        default=decision(replicas={"v100-0/GPU:1": 2}, batch_weights={"v100-0/GPU:0": 2.0}),
+        sfb=["w"],
+    )
+    assert load_strategy(strategy.to_json()) == strategy
+
+
+def test_round_robin_parameter_servers_and_replica_shares(ir, testbed) -> None:
+    resolved = resolve(Strategy(default=decision(option=Option.REPLICATE_PS)), ir, testbed)
+    assert resolved.group_ps_device.tolist() == [0]
+    shares = resolve(Strategy(default=decision(replicas={"v100-0/GPU:3": 3})), ir, testbed)
+    devices, weights = shares.replicas(0)
+    assert devices.tolist() == [0, 1, 2, 3, 3, 3]
+    assert weights.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        (
+            Strategy(groups=[OpGroup(ops=["nope"], decision=decision())], default=decision()),
+            "op 'nope' is not in the graph",
+        ),
+        (
+            Strategy(
+                groups=[
+                    OpGroup(ops=["y"], decision=decision()),
+                    OpGroup(ops=["y"], decision=decision()),
+                ],
+                default=decision(),
+            ),
+            "already in group 0",
+        ),
+        (Strategy(groups=[OpGroup(ops=["y"], decision=decision())]), "in no group"),
+        (Strategy(default=decision(device_groups=[42])), "device groups \\[42\\] do not exist"),
+        (
+            Strategy(default=decision(option=Option.REPLICATE_PS, ps_device="x/GPU:9")),
+            "ps_device 'x/GPU:9' does not exist",
+        ),
+        (Strategy(default=decision(replicas={"p100-0/GPU:0": 1})), "not in the group's GPUs"),
+        (Strategy(default=decision(), sfb=["y"]), "not a trainable parameter"),
+        (
+            Strategy(
+                default=decision(option=Option.MODEL_PARALLEL, placement={"y": "p100-0/GPU:0"})
+            ),
+            "not one of the group's",
+        ),
+    ],
+)
+def test_invalid_strategies_are_refused_with_the_reason(ir, testbed, strategy, message) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        resolve(strategy, ir, testbed)
+
+
+def test_malformed_json_names_the_field() -> None:
+    with pytest.raises(InvalidInput, match="default.option"):
+        load_strategy('{"version": 1, "default": {"device_groups": [0], "option": "magic"}}')
+    with pytest.raises(InvalidInput, match="groups or a default"):
+        load_strategy('{"version": 1}')
