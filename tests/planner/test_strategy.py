@@ -69,7 +69,7 @@ def test_round_robin_parameter_servers_and_replica_shares(ir, testbed) -> None:
             "already in group 0",
         ),
         (Strategy(groups=[OpGroup(ops=["y"], decision=decision())]), "in no group"),
-        (Strategy(default=decision(device_groups=[42])), "device groups \\[42\\] do not exist"),
+        (Strategy(default=decision(device_groups=[42])), r"device groups \[42\] do not exist"),
         (
             Strategy(default=decision(option=Option.REPLICATE_PS, ps_device="x/GPU:9")),
             "ps_device 'x/GPU:9' does not exist",
@@ -90,7 +90,7 @@ def test_invalid_strategies_are_refused_with_the_reason(ir, testbed, strategy, m
 
 
 def test_malformed_json_names_the_field() -> None:
-    with pytest.raises(InvalidInput, match="default.option"):
+    with pytest.raises(InvalidInput, match=r"default\.option"):
         load_strategy('{"version": 1, "default": {"device_groups": [0], "option": "magic"}}')
     with pytest.raises(InvalidInput, match="groups or a default"):
         load_strategy('{"version": 1}')
