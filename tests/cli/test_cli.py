@@ -122,3 +122,66 @@ def test_zoo_list_names_every_model() -> None:
         "bert_small",
         "bert_large",
     } <= names
+
+
+def test_cost_json_has_the_documented_fields() -> None:
+    result = invoke("cost", "zoo:mlp", "--gpu", "V100-32GB", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for key in (
+        "compute_time_s",
+        "param_bytes",
+        "optimizer_bytes",
+        "activation_bytes",
+        "estimated_fraction",
+    ):
+        assert key in summary
+    assert summary["estimated_fraction"] == 1.0  # no profile given
+    assert summary["optimizer_bytes"] == 2 * summary["param_bytes"]  # Adam's m and v
+
+
+def test_simulate_json_and_trace(tmp_path) -> None:
+    trace = tmp_path / "trace.json"
+    result = invoke(
+        "simulate",
+        "zoo:mlp",
+        "--cluster",
+        "testbed",
+        "--strategy",
+        "dp-nccl",
+        "--trace",
+        str(trace),
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["step_time_s"] > 0 and summary["oom"] is False
+    assert len(summary["peak_memory_bytes"]) == len(summary["device_busy_fraction"]) == 16
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_simulate_refuses_an_unknown_strategy() -> None:
+    result = invoke("simulate", "zoo:mlp", "--cluster", "testbed", "--strategy", "magic")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "dp-nccl" in result.stderr
+
+
+@pytest.mark.tf
+def test_profile_writes_a_profile_that_cost_accepts(tmp_path) -> None:
+    out = tmp_path / "profile.json"
+    result = invoke(
+        "profile",
+        "zoo:mlp",
+        "--out",
+        str(out),
+        "--batch-sizes",
+        "8,16",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+    )
+    assert result.exit_code == 0, result.output
+    cost = invoke("cost", "zoo:mlp", "--gpu", "CPU", "-b", "16", "--profile", str(out), "--json")
+    assert cost.exit_code == 0, cost.output
+    assert json.loads(cost.stdout)["estimated_fraction"] < 0.5
