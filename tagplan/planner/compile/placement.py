@@ -134,8 +134,12 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     variable_of = _variable_of_class(ir)
     for op in range(ir.num_ops):
         variable = variable_of.get(int(ir.colocation[op]))
-        if variable is not None and variable != op:
-            modes[op], rows[op] = modes[variable], list(rows[variable])
+        if variable is None or variable == op:
+            continue
+        mirrors = {row[0] for row in rows[variable]}
+        if modes[op] == Mode.SPLIT and {row[0] for row in rows[op]} <= mirrors:
+            continue  # a split read (an embedding lookup) of a variable mirrored on its GPUs
+        modes[op], rows[op] = modes[variable], list(rows[variable])
 
     ptr = np.zeros(ir.num_ops + 1, dtype=np.int32)
     ptr[1:] = np.cumsum([len(r) for r in rows])

@@ -177,13 +177,10 @@ class _Compiler:
             + [f"{n}/uplink" for n in cluster.machine_names]
             + [f"{n}/downlink" for n in cluster.machine_names]
         )
-        self.parameter_region = np.zeros(ir.num_ops, dtype=bool)
-        params = ir.parameters
-        self.parameter_region[params.apply_op] = True
-        self.parameter_region[params.region_op] = True
         self.compute_s = 0.0
         self.measured_s = 0.0
-        # per collective: (task, op group, bytes, participating devices, algorithm name)
+        self.gradients = set(ir.parameters.gradient_tensor.tolist())
+        # per gradient AllReduce: (task, op group, bytes, participating devices, algorithm)
         self.collectives: list[tuple[int, int, int, np.ndarray, str]] = []
 
     # resources -----------------------------------------------------------------------------
@@ -293,13 +290,14 @@ class _Compiler:
     def _reduce(
         self, tensor: int, partial: list[_Copy], device: int, group: int, reader: int
     ) -> _Copy:
-        """Sum (or average) partial results: AllReduce for mirrored parameter updates
-        on the partials' own GPUs, otherwise push to ``device`` and AddN there."""
+        """Sum (or average) partial results: one AllReduce when the readers are copies
+        on exactly the partials' GPUs (mirrored parameter updates), otherwise push to
+        ``device`` and AddN there."""
         batch = self.ir.batch_size
         nbytes = self._bytes(tensor, 0, batch)
         members = np.unique([c.device for c in partial])
         readers = np.unique(self.placement.devices(reader))
-        if self.parameter_region[reader] and len(members) > 1 and np.array_equal(members, readers):
+        if len(members) > 1 and np.array_equal(members, readers):
             return self._allreduce(tensor, partial, members, device, group, reader)
         task = self.out.task(
             COMPUTE,
@@ -359,7 +357,10 @@ class _Compiler:
         )
         for piece in inputs:
             self.out.read(piece, task)
-        self.collectives.append((task, int(self.resolved.op_group[reader]), nbytes, members, name))
+        if tensor in self.gradients:  # gradient sync modes apply to these alone
+            self.collectives.append(
+                (task, int(self.resolved.op_group[reader]), nbytes, members, name)
+            )
         for member in members.tolist():
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
             self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))

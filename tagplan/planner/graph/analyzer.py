@@ -122,13 +122,20 @@ def _complete_shapes(graph: ParsedGraph, graph_def: Any, inputs: list[int], batc
             graph.output_shapes[node] = shapes
 
 
+# Stateful in TensorFlow's registry only because they read a resource: splitting them
+# over the batch is safe wherever the variable is.
+_RESOURCE_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
+
+
 def _stateful(graph: ParsedGraph) -> list[bool]:
+    """Ops that must never be split: variables, writes, random ops, unknown side effects."""
     registry = op_registry()
     result = []
     for node, op in enumerate(graph.ops):
         op_def = registry.get(op)
         is_resource = attr_value(graph.nodes[node], "dtype") == DT_RESOURCE
-        result.append(bool(op_def and op_def.is_stateful) or op in VARIABLE_OPS or is_resource)
+        stateful = bool(op_def and op_def.is_stateful) and op not in _RESOURCE_READS
+        result.append(stateful or op in VARIABLE_OPS or is_resource)
     return result
 
 
