@@ -17,7 +17,7 @@ from tagplan.planner.cost.memory import (
     single_device_peak_bytes,
 )
 from tagplan.planner.cost.op_time import OpCostModel
-from tagplan.planner.cost.profile import JsonProfileSource
+from tagplan.planner.cost.profile import InMemoryProfileSource, load_profile
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
 
@@ -46,8 +46,10 @@ def cost_command(
             batch_inputs=source.batch_inputs,
             loss=source.loss,
         )
-        profiles = JsonProfileSource(profile) if profile else None
-        model = OpCostModel(ir, profiles=profiles)
+        loaded = [load_profile(path) for path in profile or []]
+        model = OpCostModel(ir, profiles=InMemoryProfileSource(loaded) if loaded else None)
+        for entry in loaded:  # a profile must be of a GPU type the planner knows
+            model.gpu(entry.device.gpu_type)
         spec = model.gpu(gpu)
         times = model.op_times(spec.name, ir.batch_size)
     memory = op_memory(ir)

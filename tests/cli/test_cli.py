@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from tagplan.cli.common import EXIT_BAD_INPUT
 from tests.planner.graph.builders import dense_graph, document, op
 
 runner = CliRunner()
+PROFILES = Path(__file__).resolve().parents[2] / "bench" / "profiles"
 
 
 def invoke(*args: str):
@@ -185,3 +187,21 @@ def test_profile_writes_a_profile_that_cost_accepts(tmp_path) -> None:
     cost = invoke("cost", "zoo:mlp", "--gpu", "CPU", "-b", "16", "--profile", str(out), "--json")
     assert cost.exit_code == 0, cost.output
     assert json.loads(cost.stdout)["estimated_fraction"] < 0.5
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda p: p["device"].update(gpu_type="Z100"), "unknown GPU type 'Z100'"),
+        (lambda p: p["ops"][0]["times_s"].update({"2": -1.0}), "times_s"),
+        (lambda p: p.update(format="other"), "format"),
+    ],
+)
+def test_cost_refuses_bad_profiles_with_the_reason(tmp_path, edit, message) -> None:
+    profile = json.loads((PROFILES / "cpu_vgg19.json").read_text())
+    edit(profile)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    result = invoke("cost", "zoo:vgg19", "--gpu", "CPU", "-b", "2", "--profile", str(path))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert message in result.stderr
