@@ -21,12 +21,14 @@ import numpy as np
 
 from bench.report import write_section
 from tagplan.planner.cost.op_time import OpCostModel
-from tagplan.planner.cost.profile import Profile, load_profile
-from tagplan.planner.cost.profiler import measure_device_peaks
+from tagplan.planner.cost.profile import InMemoryProfileSource, Profile, load_profile
+from tagplan.planner.cost.profiler import measure_device_peaks, profile_graph
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.load import parse_graph_bytes
 from tagplan.planner.graph.source import load_graph_source
-from tagplan.planner.topology import GpuTypeSpec, gpu_type_table
+from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.topology import GpuTypeSpec, gpu_type_table, load_cluster
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 TOP = 20
@@ -85,6 +87,33 @@ def compare(model: str, profile: Profile, spec: GpuTypeSpec) -> tuple[list[str],
     return lines, {"median": statistics.median(ratios), "step_ratio": op_sum / step}
 
 
+def simulated_vs_measured(model: str, profile: Profile, spec: GpuTypeSpec) -> str:
+    """One row: the simulator's single-device step with the CPU profile vs TensorFlow's
+    measured step on the same CPU (issue bar for the simulator's fidelity)."""
+    batch = max(profile.batch_sizes)
+    source = load_graph_source(f"zoo:{model}")
+    ir = analyze(
+        source.graph_def, batch_size=batch, batch_inputs=source.batch_inputs, loss=source.loss
+    )
+    cluster = load_cluster(
+        {
+            "gpu_types": [spec.model_dump(exclude_none=True)],
+            "machines": [
+                {"name": "cpu", "gpus": {"type": "CPU", "count": 1}, "intra_bandwidth_gbps": 100}
+            ],
+        }
+    )
+    costs = OpCostModel(ir, profiles=InMemoryProfileSource([profile]), gpu_types={"CPU": spec})
+    evaluation = Evaluator(ir, cluster, costs=costs).evaluate(
+        baseline_strategy("single", ir, cluster, costs)
+    )
+    simulated, measured = evaluation.step_time_s, profile.step_time_s[batch]
+    return (
+        f"| {model} | {batch} | {simulated * 1e3:,.1f} | {measured * 1e3:,.1f} | "
+        f"{simulated / measured:.2f} |"
+    )
+
+
 def resnet50_sanity() -> list[str]:
     from tagplan.planner.zoo.models.applications import image_classifier
     from tagplan.planner.zoo.models.common import build_tf1
@@ -125,6 +154,21 @@ def main() -> None:
     for model in args.models:
         lines, summary[model] = compare(model, load_profile(PROFILES / f"cpu_{model}.json"), spec)
         body += [*lines, ""]
+    body += [
+        "Simulated single-device step (CPU profile, simulator) vs TensorFlow's measured "
+        "step on this CPU:",
+        "",
+        "| model | batch | simulated (ms) | measured (ms) | simulated / measured |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for model in ("mlp", "small_cnn"):
+        profile = profile_graph(f"zoo:{model}", gpu_type="CPU", batch_sizes=[8], runs=5)
+        body.append(simulated_vs_measured(model, profile, spec))
+    for model in args.models:
+        body.append(
+            simulated_vs_measured(model, load_profile(PROFILES / f"cpu_{model}.json"), spec)
+        )
+    body.append("")
     body.append("ResNet-50 forward + backward + Adam, estimated from the catalog's FP32 peaks:")
     body.append("")
     body += resnet50_sanity()

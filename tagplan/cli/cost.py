@@ -79,6 +79,7 @@ def cost_command(
         "fits": peak + FRAMEWORK_RESERVE_BYTES <= capacity,
         "estimated_fraction": times.estimated_fraction,
         "measured_ops": int(times.measured.sum()),
+        "fallback_ops": sum(1 for f in model.work.formula if f == "fallback"),
         "top_ops": [
             {
                 "name": ir.op_names[op],
@@ -102,6 +103,11 @@ def cost_command(
         f"{100 * times.estimated_fraction:.0f}% of it estimated, "
         f"{times.measured.sum():,} of {ir.num_ops:,} ops measured"
     )
+    if summary["fallback_ops"]:
+        console.print(
+            f"[yellow]{summary['fallback_ops']} ops have no formula (op types the table does "
+            "not know): estimated from the bytes they move[/]"
+        )
     table = Table(title=f"top {len(order)} ops by time")
     for column in ("op", "type", "ms", "GFLOP", "MB moved", "source"):
         table.add_column(column, justify="left" if column in ("op", "type", "source") else "right")
