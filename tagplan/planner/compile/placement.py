@@ -105,7 +105,13 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
         group = int(resolved.op_group[op])
         option = resolved.option(group)
         replica_devices, weights = resolved.replicas(group)
+        bounds = slices_of_group.get(group)
+        if bounds is None:
+            bounds = slices_of_group[group] = batch_slices(weights, batch)
         devices = resolved.devices(group)
+        if option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
+            # a GPU whose replicas get no rows (more replicas than examples) is left out
+            devices = np.unique(replica_devices[np.diff(bounds) > 0])
         if option == Option.MODEL_PARALLEL:
             modes[op], rows[op] = Mode.SINGLE, full_on(resolved.op_device[op : op + 1])
         elif option == Option.DUPLICATE:
@@ -118,9 +124,6 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
         elif ir.split_category[op] == SplitCategory.NONE:  # stateful ops are here too
             modes[op], rows[op] = Mode.SINGLE, full_on(devices[:1])
         else:
-            bounds = slices_of_group.get(group)
-            if bounds is None:
-                bounds = slices_of_group[group] = batch_slices(weights, batch)
             modes[op] = Mode.SPLIT
             rows[op] = [
                 (int(d), int(bounds[r]), int(bounds[r + 1]))

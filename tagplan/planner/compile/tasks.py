@@ -290,15 +290,17 @@ class _Compiler:
     def _reduce(
         self, tensor: int, partial: list[_Copy], device: int, group: int, reader: int
     ) -> _Copy:
-        """Sum (or average) partial results: one AllReduce when the readers are copies
-        on exactly the partials' GPUs (mirrored parameter updates), otherwise push to
-        ``device`` and AddN there."""
+        """Sum (or average) partial results: one AllReduce when the readers are copies on
+        the partials' GPUs (mirrored parameter updates), otherwise push to ``device`` and
+        AddN there."""
         batch = self.ir.batch_size
         nbytes = self._bytes(tensor, 0, batch)
         members = np.unique([c.device for c in partial])
         readers = np.unique(self.placement.devices(reader))
-        if len(members) > 1 and np.array_equal(members, readers):
-            return self._allreduce(tensor, partial, members, device, group, reader)
+        if len(members) > 1 and set(members.tolist()) <= set(readers.tolist()):
+            # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
+            self._allreduce(tensor, partial, members, group, reader)
+            return self._full(tensor, device, group, reader)
         task = self.out.task(
             COMPUTE,
             device,
@@ -319,10 +321,9 @@ class _Compiler:
         tensor: int,
         partial: list[_Copy],
         members: np.ndarray,
-        device: int,
         group: int,
         reader: int,
-    ) -> _Copy:
+    ) -> None:
         batch = self.ir.batch_size
         nbytes = self._bytes(tensor, 0, batch)
         algorithm = self.resolved.group_collective[int(self.resolved.op_group[reader])]
@@ -364,7 +365,6 @@ class _Compiler:
         for member in members.tolist():
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
             self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))
-        return self.cache[(tensor, device, 0, batch)]
 
     def _slice(self, tensor: int, device: int, lo: int, hi: int, group: int, reader: int) -> _Copy:
         """Rows ``[lo, hi)`` of a batch tensor on ``device`` (Split, transfers)."""

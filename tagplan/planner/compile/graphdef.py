@@ -1,0 +1,662 @@
+"""Strategy -> distributed TensorFlow ``GraphDef``: the second half of the rewrite rules
+(TAG §4.3.1) for the execution engine (DESIGN.md §5).
+
+The rules are those of :mod:`.tasks`, over the same :class:`~.placement.Placement`, so the
+simulated and the executed graph agree instance for instance and auxiliary op for
+auxiliary op:
+
+* every op instance is a copy of the original ``NodeDef`` named ``<name>/replica_<k>``
+  (the original name when the op has one instance), on
+  ``/job:worker/replica:0/task:<machine index>/device:GPU:<local index>``, with
+  ``_output_shapes`` at its local batch and ``_class`` colocation hints removed (devices
+  are explicit);
+* a split instance reading a whole tensor reads a ``Slice`` of a copy of it; a whole
+  reader of split outputs reads their ``ConcatV2`` on the batch axis; partial sums are
+  added by ``AddN`` (per-replica batch statistics by a weighted sum: ``Mul`` by the
+  replica's share of the batch, then ``AddN``); different replica layouts get a
+  ``ConcatV2`` then ``Slice``; per-replica shape tensors are read by the same replica;
+* partial sums read by mirrored ops on exactly the partials' GPUs (gradients of mirrored
+  parameters) are summed by one AllReduce: ``NcclAllReduce`` (one node per GPU, shared
+  ``shared_name``) when every member is on one machine, ``CollectiveReduceV2``
+  (``merge_op=Add``, ``final_op=Id``; one group key per member set, one instance key per
+  reduction) across machines; several replicas on one GPU are added locally first;
+* a tensor crosses to another GPU by plain edges: TensorFlow's partitioner sends it once
+  per destination device, as the task graph's transfers;
+* a group's ``after-backward`` gradient sync is a ``NoOp`` barrier that its AllReduces
+  wait on, behind every gradient; ``bucketed`` gives each bucket such a barrier behind the
+  bucket's gradients (fusing a bucket into one buffer is left to the runtime).
+
+Variables mirrored on several GPUs are one ``VarHandleOp`` per GPU with distinct
+``shared_name`` s; whoever deploys the graph gives them identical initial values. Under
+a parameter server they exist once, on the PS GPU. Split instances whose shape argument
+is an integer ``Const`` equal to the op's full output shape (``Reshape``'s shape,
+``Conv2DBackpropInput``'s input sizes, ``Fill``, ``BroadcastTo``, ``AvgPoolGrad``) read a
+new ``Const`` holding their local shape.
+
+**Batch inputs.** A data placeholder has one instance per GPU of its group, as the
+placement says. When everything on that GPU reads a single slice of it (data
+parallelism), the ``Slice`` is folded into the feed: the placeholder
+``<input>/replica_<k>`` takes only the rows ``[lo, hi)`` of the batch, and the device
+map lists them, so a caller feeds each replica its own rows. Otherwise the placeholder
+takes the whole batch and ``Slice`` s cut it on the GPU.
+
+The result carries a device map (JSON-able): worker task -> machine name and GPU ids,
+original variable -> its replica variable nodes, batch input -> ``(node, lo, hi)`` per
+replica placeholder, the node giving the full-batch ``loss`` and ``train_op``, a
+``NoOp`` behind every update. The IR must be at the batch size the graph was built for:
+constants that depend on the batch (the divisor of a mean loss) are not rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tagplan.planner.compile.placement import Placement, place
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.batch import Aggregation
+from tagplan.planner.graph.constants import tensor_ints
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.graph.params import VARIABLE_OPS
+from tagplan.planner.graph.protos import GraphDef, NodeDef
+from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
+from tagplan.planner.topology import Cluster
+
+__all__ = ["AUXILIARY_KINDS", "DistributedGraph", "compile_graphdef", "worker_device"]
+
+_FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
+DT_FLOAT, DT_INT32 = 1, 3
+_NUMPY = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
+AUXILIARY_KINDS = ("split", "concat", "addn", "allreduce")
+"""Kinds of auxiliary ops, as the task graph names its tasks."""
+
+# op type -> input position of a shape argument that names the op's full output shape
+_SHAPE_ARGUMENTS = {
+    "Reshape": 1,
+    "Conv2DBackpropInput": 0,
+    "Conv3DBackpropInputV2": 0,
+    "DepthwiseConv2dNativeBackpropInput": 0,
+    "BroadcastTo": 1,
+    "Fill": 0,
+    "AvgPoolGrad": 0,
+    "AvgPool3DGrad": 0,
+}
+
+
+def worker_device(cluster: Cluster, device: int) -> str:
+    """TensorFlow device string of cluster device ``device``."""
+    machine, local = int(cluster.device_machine[device]), int(cluster.device_local_index[device])
+    return f"/job:worker/replica:0/task:{machine}/device:GPU:{local}"
+
+
+@dataclass(frozen=True, eq=False)
+class DistributedGraph:
+    """A compiled graph and what a deployment needs to run it.
+
+    ``instance_node[i]`` is the node of op instance ``i`` of ``placement``.
+    ``auxiliary`` lists the auxiliary ops as ``(kind, nodes)`` with ``kind`` one of
+    :data:`AUXILIARY_KINDS`: the ``Slice`` of a split (or the placeholder a split was
+    folded into), the ``ConcatV2``, the ``AddN``, or the per-GPU nodes of one AllReduce.
+    """
+
+    graph_def: Any
+    device_map: dict[str, Any]
+    placement: Placement
+    instance_node: tuple[str, ...]
+    auxiliary: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def auxiliary_counts(self) -> dict[str, int]:
+        return {k: sum(1 for kind, _ in self.auxiliary if kind == k) for k in AUXILIARY_KINDS}
+
+
+class _Copy(NamedTuple):
+    """One available piece of a tensor: where, which rows, what kind, which output."""
+
+    device: int
+    lo: int
+    hi: int
+    kind: int
+    ref: str  # "node" or "node:slot"
+
+
+def _node_of(ref: str) -> str:
+    return ref.rsplit(":", 1)[0] if ":" in ref else ref
+
+
+@dataclass(eq=False)
+class _Emitter:
+    """The output graph under construction, with unique names."""
+
+    taken: set[str]
+    nodes: dict[str, Any] = field(default_factory=dict)
+
+    def name(self, wanted: str) -> str:
+        name, k = wanted, 1
+        while name in self.taken:
+            name, k = f"{wanted}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def node(self, name: str, op: str, device: str, inputs: list[str], **attrs: Any) -> Any:
+        node = NodeDef(name=name, op=op, device=device)
+        node.input.extend(inputs)
+        for key, value in attrs.items():
+            if isinstance(value, bool):
+                node.attr[key].b = value
+            elif key in ("T", "dtype", "Index", "Tidx"):
+                node.attr[key].type = value
+            elif isinstance(value, int):
+                node.attr[key].i = value
+            elif isinstance(value, float):
+                node.attr[key].f = value
+            else:
+                node.attr[key].s = value.encode()
+        self.nodes[name] = node
+        return node
+
+    def const(self, wanted: str, device: str, values: np.ndarray, dtype: int) -> str:
+        name = self.name(wanted)
+        node = self.node(name, "Const", device, [], dtype=dtype)
+        tensor = node.attr["value"].tensor
+        tensor.dtype = dtype
+        for size in values.shape:
+            tensor.tensor_shape.dim.add().size = size
+        tensor.tensor_content = np.ascontiguousarray(values, dtype=_NUMPY[dtype]).tobytes()
+        _set_shapes(node, [values.shape])
+        return name
+
+
+def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
+    if "_output_shapes" in node.attr:
+        del node.attr["_output_shapes"]
+    if not shapes or any(s is None for s in shapes):
+        return
+    listed = node.attr["_output_shapes"].list
+    for shape in shapes:
+        proto = listed.shape.add()
+        for size in shape:
+            proto.dim.add().size = int(size)
+
+
+class _Compiler:
+    def __init__(
+        self, graph_def: Any, ir: GraphIR, cluster: Cluster, resolved: ResolvedStrategy
+    ) -> None:
+        if ir.batch_size != ir.graph_batch_size:
+            raise InvalidInput(
+                f"the graph was built for batch {ir.graph_batch_size}; compile it with the IR "
+                f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
+            )
+        self.ir, self.cluster, self.resolved = ir, cluster, resolved
+        self.originals = {n.name: n for n in graph_def.node}
+        missing = [n for n in ir.op_names if n not in self.originals]
+        if missing:
+            raise InvalidInput(f"the IR names ops {missing[:3]} that the GraphDef does not hold")
+        self.placement = place(ir, resolved)
+        self.devices = [worker_device(cluster, d) for d in range(cluster.num_devices)]
+        self.instance_node = [
+            name if len(self.placement.instances(op)) == 1 else f"{name}/replica_{k}"
+            for op, name in enumerate(ir.op_names)
+            for k in range(len(self.placement.instances(op)))
+        ]
+        self.out = _Emitter(taken=set(ir.op_names) | set(self.instance_node))
+        self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
+        self.cache: dict[tuple[int, int, int, int], _Copy] = {}
+        self.auxiliary: list[tuple[str, tuple[str, ...]]] = []
+        self.slices: dict[str, tuple[str, int, int, tuple[str, str]]] = {}
+        self.local_consts: dict[tuple[int, int, int, int], str] = {}
+        self.gradients = set(ir.parameters.gradient_tensor.tolist())
+        # per gradient AllReduce: (member nodes, op group, bytes, member input nodes)
+        self.collectives: list[tuple[list[str], int, int, list[str]]] = []
+        self.group_keys: dict[tuple[int, ...], int] = {}
+        self.instance_keys = 0
+
+    # tensors -----------------------------------------------------------------------------
+    def _label(self, tensor: int) -> str:
+        name = self.ir.op_names[int(self.ir.tensor_producer[tensor])]
+        slot = int(self.ir.tensor_slot[tensor])
+        return name if slot == 0 else f"{name}/output_{slot}"
+
+    def _shape(self, tensor: int, lo: int, hi: int) -> tuple[int, ...] | None:
+        shape = self.ir.tensor_shapes[tensor]
+        axis = int(self.ir.tensor_batch_axis[tensor])
+        if shape is None or axis < 0 or axis >= len(shape) or shape[axis] < 0:
+            return shape
+        local = list(shape)
+        local[axis] = shape[axis] * (hi - lo) // self.ir.batch_size
+        return tuple(local)
+
+    def _dtype(self, tensor: int) -> int:
+        return int(self.ir.tensor_dtype[tensor])
+
+    def _local(self, tensor: int, copy: _Copy, device: int) -> _Copy:
+        """``copy`` on ``device``: an edge into the device (TensorFlow sends it once)."""
+        if copy.device == device:
+            return copy
+        cached = self.cache.get((tensor, device, copy.lo, copy.hi))
+        if cached is not None and copy.kind in (_FULL, _SLICE):
+            return cached
+        moved = copy._replace(device=device)
+        if copy.kind in (_FULL, _SLICE):
+            self.cache[(tensor, device, copy.lo, copy.hi)] = moved
+        return moved
+
+    def _closest(self, copies: list[_Copy], device: int) -> _Copy:
+        machine = self.cluster.device_machine
+        return min(
+            copies,
+            key=lambda c: (c.device != device, machine[c.device] != machine[device], c.device),
+        )
+
+    def _keep(self, tensor: int, copy: _Copy) -> _Copy:
+        self.copies[tensor].append(copy)
+        self.cache[(tensor, copy.device, copy.lo, copy.hi)] = copy
+        return copy
+
+    def _full(self, tensor: int, device: int, reader: int) -> _Copy:
+        """The whole tensor on ``device``: a copy, a ``ConcatV2`` or a reduction."""
+        batch = self.ir.batch_size
+        cached = self.cache.get((tensor, device, 0, batch))
+        if cached is not None:
+            return cached
+        copies = self.copies[tensor]
+        whole = [c for c in copies if c.kind == _FULL] or [c for c in copies if c.kind == _LOCAL]
+        if whole:
+            return self._local(tensor, self._closest(whole, device), device)
+        partial = [c for c in copies if c.kind in (_SUM, _MEAN)]
+        if partial:
+            return self._reduce(tensor, partial, device, reader)
+        pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
+        local = [self._local(tensor, piece, device) for piece in pieces]
+        where = self.devices[device]
+        axis_value = np.array(int(self.ir.tensor_batch_axis[tensor]), dtype=np.int32)
+        label = self._label(tensor)
+        axis = self.out.const(f"{label}/concat/axis_d{device}", where, axis_value, DT_INT32)
+        name = self.out.name(f"{label}/concat_d{device}")
+        node = self.out.node(
+            name,
+            "ConcatV2",
+            where,
+            [p.ref for p in local] + [axis],
+            N=len(local),
+            T=self._dtype(tensor),
+            Tidx=DT_INT32,
+        )
+        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
+        self.auxiliary.append(("concat", (name,)))
+        return self._keep(tensor, _Copy(device, 0, batch, _FULL, name))
+
+    def _weighted(self, tensor: int, copy: _Copy, device: int) -> str:
+        """A partial result ready to add: batch statistics scaled by the replica's share."""
+        if copy.kind != _MEAN:
+            return copy.ref
+        where = self.devices[device]
+        share = np.array((copy.hi - copy.lo) / self.ir.batch_size)
+        dtype = self._dtype(tensor)
+        label = f"{self._label(tensor)}/mean_{copy.lo}_{copy.hi}"
+        weight = self.out.const(f"{label}/share_d{device}", where, share, dtype)
+        name = self.out.name(f"{label}/weighted_d{device}")
+        node = self.out.node(name, "Mul", where, [copy.ref, weight], T=dtype)
+        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
+        return name
+
+    def _addn(self, tensor: int, refs: list[str], device: int) -> str:
+        name = self.out.name(f"{self._label(tensor)}/addn_d{device}")
+        node = self.out.node(
+            name, "AddN", self.devices[device], refs, N=len(refs), T=self._dtype(tensor)
+        )
+        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
+        self.auxiliary.append(("addn", (name,)))
+        return name
+
+    def _reduce(self, tensor: int, partial: list[_Copy], device: int, reader: int) -> _Copy:
+        """Sum partial results: one AllReduce when the readers are copies on exactly the
+        partials' GPUs, otherwise an ``AddN`` on ``device``."""
+        members = np.unique([c.device for c in partial])
+        readers = np.unique(self.placement.devices(reader))
+        if len(members) > 1 and np.array_equal(members, readers):
+            return self._allreduce(tensor, partial, members, device, reader)
+        refs = [self._weighted(tensor, piece, device) for piece in partial]
+        name = self._addn(tensor, refs, device)
+        return self._keep(tensor, _Copy(device, 0, self.ir.batch_size, _FULL, name))
+
+    def _allreduce(
+        self, tensor: int, partial: list[_Copy], members: np.ndarray, device: int, reader: int
+    ) -> _Copy:
+        batch, dtype = self.ir.batch_size, self._dtype(tensor)
+        inputs: list[str] = []
+        for member in members.tolist():
+            local = [self._weighted(tensor, c, member) for c in partial if c.device == member]
+            inputs.append(local[0] if len(local) == 1 else self._addn(tensor, local, member))
+        machines = np.unique(self.cluster.device_machine[members])
+        label = f"{self._label(tensor)}/allreduce"
+        shape = self.ir.tensor_shapes[tensor]
+        names: list[str] = []
+        if len(machines) == 1:
+            shared = self.out.name(label)
+            for member, ref in zip(members.tolist(), inputs, strict=True):
+                name = self.out.name(f"{label}_d{member}")
+                node = self.out.node(
+                    name,
+                    "NcclAllReduce",
+                    self.devices[member],
+                    [ref],
+                    T=dtype,
+                    reduction="sum",
+                    num_devices=len(members),
+                    shared_name=shared,
+                )
+                _set_shapes(node, [shape])
+                names.append(name)
+        else:
+            key = tuple(members.tolist())
+            group_key = self.group_keys.setdefault(key, len(self.group_keys) + 1)
+            self.instance_keys += 1
+            for member, ref in zip(members.tolist(), inputs, strict=True):
+                where = self.devices[member]
+                keys = [
+                    self.out.const(f"{label}/{what}_d{member}", where, np.array(v), DT_INT32)
+                    for what, v in (
+                        ("group_size", len(members)),
+                        ("group_key", group_key),
+                        ("instance_key", self.instance_keys),
+                    )
+                ]
+                name = self.out.name(f"{label}_d{member}")
+                node = self.out.node(
+                    name,
+                    "CollectiveReduceV2",
+                    where,
+                    [ref, *keys],
+                    T=dtype,
+                    merge_op="Add",
+                    final_op="Id",
+                    communication_hint="auto",
+                    timeout_seconds=0.0,
+                    is_stateless=False,
+                    Nordering_token=0,
+                    max_subdivs_per_device=-1,
+                )
+                _set_shapes(node, [shape])
+                names.append(name)
+        self.auxiliary.append(("allreduce", tuple(names)))
+        if tensor in self.gradients:
+            nbytes = int(self.ir.tensor_bytes[tensor])
+            group = int(self.resolved.op_group[reader])
+            self.collectives.append((names, group, nbytes, [_node_of(r) for r in inputs]))
+        for member, name in zip(members.tolist(), names, strict=True):
+            self._keep(tensor, _Copy(member, 0, batch, _FULL, name))
+        return self.cache[(tensor, device, 0, batch)]
+
+    def _slice(self, tensor: int, device: int, lo: int, hi: int, reader: int) -> _Copy:
+        """Rows ``[lo, hi)`` of a batch tensor on ``device``: a ``Slice`` of a whole copy."""
+        cached = self.cache.get((tensor, device, lo, hi))
+        if cached is not None:
+            return cached
+        exact = [c for c in self.copies[tensor] if c.kind == _SLICE and (c.lo, c.hi) == (lo, hi)]
+        if exact:
+            return self._local(tensor, self._closest(exact, device), device)
+        whole_here = self.cache.get((tensor, device, 0, self.ir.batch_size))
+        source = device if whole_here is not None else self._hub(tensor)
+        whole = self._full(tensor, source, reader)
+        shape = self.ir.tensor_shapes[tensor]
+        axis = int(self.ir.tensor_batch_axis[tensor])
+        if shape is None:
+            raise InvalidInput(f"cannot split {self._label(tensor)}: its rank is unknown")
+        begin, size = np.zeros(len(shape), np.int32), np.full(len(shape), -1, np.int32)
+        local = self._shape(tensor, lo, hi)
+        begin[axis] = shape[axis] * lo // self.ir.batch_size if shape[axis] >= 0 else lo
+        size[axis] = local[axis] if local is not None and local[axis] >= 0 else hi - lo
+        where, label = self.devices[source], f"{self._label(tensor)}/split_{lo}_{hi}"
+        consts = (
+            self.out.const(f"{label}/begin_d{source}", where, begin, DT_INT32),
+            self.out.const(f"{label}/size_d{source}", where, size, DT_INT32),
+        )
+        name = self.out.name(f"{label}_d{source}")
+        node = self.out.node(
+            name, "Slice", where, [whole.ref, *consts], T=self._dtype(tensor), Index=DT_INT32
+        )
+        _set_shapes(node, [local])
+        self.auxiliary.append(("split", (name,)))
+        self.slices[name] = (whole.ref, lo, hi, consts)
+        piece = _Copy(source, lo, hi, _SLICE, name)
+        self.cache[(tensor, source, lo, hi)] = piece
+        return self._local(tensor, piece, device)
+
+    def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
+        """Per-replica statistics and shapes are read where they are, by the same replica."""
+        local = [c for c in self.copies[tensor] if c.kind in (_MEAN, _LOCAL) and c.device == device]
+        exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
+        return (exact or local or [None])[0]
+
+    def _hub(self, tensor: int) -> int:
+        whole = [c for c in self.copies[tensor] if c.kind == _FULL]
+        return (whole or self.copies[tensor])[0].device
+
+    def _local_shape(self, op: int, position: int, ref: str, inst: int) -> str:
+        """A ``Const`` shape argument equal to the op's full output shape, made local."""
+        ir, placement = self.ir, self.placement
+        tensor = int(ir.inputs(op)[position])
+        producer = int(ir.tensor_producer[tensor])
+        output = ir.outputs(op)
+        if _SHAPE_ARGUMENTS.get(ir.op_types[op]) != position or ir.op_types[producer] != "Const":
+            return ref
+        if not len(output) or ir.tensor_shapes[output[0]] is None:
+            return ref
+        node = self.originals[ir.op_names[producer]]
+        values = tensor_ints(node.attr["value"].tensor)
+        lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
+        local = self._shape(int(output[0]), lo, hi)
+        if values != list(ir.tensor_shapes[output[0]]) or local is None:
+            return ref
+        device = int(placement.inst_device[inst])
+        key = (producer, device, lo, hi)
+        if key not in self.local_consts:
+            dtype = int(node.attr["dtype"].type)
+            wanted = f"{ir.op_names[producer]}/rows_{lo}_{hi}_d{device}"
+            values_array = np.array(local, dtype=_NUMPY[dtype])
+            self.local_consts[key] = self.out.const(
+                wanted, self.devices[device], values_array, dtype
+            )
+        return self.local_consts[key]
+
+    # ops ---------------------------------------------------------------------------------
+    def _publish(self, op: int, inst: int, node: str) -> None:
+        device = int(self.placement.inst_device[inst])
+        lo, hi = int(self.placement.inst_lo[inst]), int(self.placement.inst_hi[inst])
+        split = self.placement.op_mode[op] == Mode.SPLIT
+        batch = self.ir.batch_size
+        for slot, tensor in enumerate(self.ir.outputs(op)):
+            carries = self.ir.tensor_batch_axis[tensor] >= 0
+            aggregation = int(self.ir.tensor_aggregation[tensor])
+            if not split:
+                kind, lo_t, hi_t = _FULL, 0, batch
+            elif aggregation == Aggregation.SUM:
+                kind, lo_t, hi_t = _SUM, lo, hi
+            elif aggregation == Aggregation.MEAN:
+                kind, lo_t, hi_t = _MEAN, lo, hi
+            elif aggregation == Aggregation.LOCAL:
+                kind, lo_t, hi_t = _LOCAL, lo, hi
+            elif carries:
+                kind, lo_t, hi_t = (_FULL if (lo, hi) == (0, batch) else _SLICE), lo, hi
+            else:
+                kind, lo_t, hi_t = _FULL, 0, batch
+            copy = _Copy(device, lo_t, hi_t, kind, node if slot == 0 else f"{node}:{slot}")
+            self.copies[tensor].append(copy)
+            if kind in (_FULL, _SLICE):
+                self.cache.setdefault((int(tensor), device, lo_t, hi_t), copy)
+
+    def _instance(self, op: int, inst: int) -> None:
+        ir, placement = self.ir, self.placement
+        name = self.instance_node[inst]
+        device = int(placement.inst_device[inst])
+        lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
+        split = placement.op_mode[op] == Mode.SPLIT
+        inputs: list[str] = []
+        for position, tensor in enumerate(ir.inputs(op).tolist()):
+            if split and ir.tensor_batch_axis[tensor] >= 0:
+                copy = self._slice(tensor, device, lo, hi, op)
+            else:
+                copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
+            inputs.append(self._local_shape(op, position, copy.ref, inst) if split else copy.ref)
+        for pred in ir.control_preds(op).tolist():
+            inputs.extend(f"^{self.instance_node[i]}" for i in placement.instances(pred))
+        node = NodeDef()
+        node.CopyFrom(self.originals[ir.op_names[op]])
+        node.name, node.device = name, self.devices[device]
+        del node.input[:]
+        node.input.extend(inputs)
+        if "_class" in node.attr:
+            del node.attr["_class"]
+        count = len(placement.instances(op))
+        if count > 1 and ir.op_types[op] in VARIABLE_OPS:
+            shared = node.attr["shared_name"].s.decode() or ir.op_names[op]
+            node.attr["shared_name"].s = f"{shared}/replica_{inst - placement.inst_ptr[op]}".encode()
+        outputs = ir.outputs(op)
+        shapes = [self._shape(t, lo, hi) if split else ir.tensor_shapes[t] for t in outputs]
+        _set_shapes(node, shapes)
+        self.out.nodes[name] = node
+        self._publish(op, inst, name)
+
+    def _barrier(self, name: str, waits_for: set[str], releases: list[str]) -> None:
+        first = self.out.nodes[releases[0]].device
+        barrier = self.out.name(name)
+        self.out.node(barrier, "NoOp", first, [f"^{n}" for n in sorted(waits_for)])
+        for node in releases:
+            self.out.nodes[node].input.append(f"^{barrier}")
+
+    def _schedule_collectives(self) -> None:
+        """Each group's gradient-sync mode, as barriers in front of its AllReduces."""
+        decisions = self.resolved.group_decisions
+        for group in sorted({c[1] for c in self.collectives}):
+            decision = decisions[group]
+            members = [c for c in self.collectives if c[1] == group]
+            if decision.gradient_sync == GradientSync.AFTER_BACKWARD:
+                every_gradient = {n for c in self.collectives for n in c[3]}
+                releases = [n for c in members for n in c[0]]
+                self._barrier(f"gradient_sync/group_{group}", every_gradient, releases)
+            elif decision.gradient_sync == GradientSync.BUCKETED:
+                bucket: list[tuple[list[str], int, int, list[str]]] = []
+                for collective in [*members, None]:
+                    full = sum(c[2] for c in bucket) >= decision.bucket_bytes
+                    if bucket and (collective is None or full):
+                        waits = {n for c in bucket for n in c[3]}
+                        releases = [n for c in bucket for n in c[0]]
+                        self._barrier(f"gradient_sync/group_{group}_bucket", waits, releases)
+                        bucket = []
+                    if collective is not None:
+                        bucket.append(collective)
+
+    def _fold_inputs(self) -> dict[str, list[list[Any]]]:
+        """Fold the lone ``Slice`` of a replica's placeholder into the feed."""
+        ir, placement, nodes = self.ir, self.placement, self.out.nodes
+        readers: dict[str, list[str]] = {}
+        for node in nodes.values():
+            for ref in node.input:
+                readers.setdefault(_node_of(ref.lstrip("^")), []).append(node.name)
+        inputs: dict[str, list[list[Any]]] = {}
+        for op in ir.batch_input_ops.tolist():
+            entries = inputs.setdefault(ir.op_names[op], [])
+            for inst in placement.instances(op):
+                name = self.instance_node[inst]
+                lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
+                users = readers.get(name, [])
+                cuts = {self.slices[u][1:3] for u in users if u in self.slices}
+                node = nodes[name]
+                device = int(placement.inst_device[inst])
+                foldable = node.op == "Placeholder" and len(ir.outputs(op)) == 1
+                if foldable and users and len(cuts) == 1 and all(u in self.slices for u in users):
+                    lo, hi = cuts.pop()
+                    self._fold(name, users, int(ir.outputs(op)[0]), device, lo, hi)
+                entries.append([name, lo, hi])
+        return inputs
+
+    def _fold(self, name: str, slices: list[str], tensor: int, device: int, lo: int, hi: int):
+        nodes = self.out.nodes
+        local = self._shape(tensor, lo, hi)
+        placeholder = nodes[name]
+        if local is not None:
+            shape = placeholder.attr["shape"].shape
+            shape.ClearField("dim")
+            shape.unknown_rank = False
+            for size in local:
+                shape.dim.add().size = size
+        _set_shapes(placeholder, [local])
+        for node in nodes.values():
+            for i, ref in enumerate(node.input):
+                if ref in slices:
+                    node.input[i] = name
+        for piece in slices:
+            del nodes[piece]
+            for const in self.slices[piece][3]:
+                del nodes[const]
+        self.auxiliary = [
+            ("split", (name,)) if kind == "split" and names[0] in slices else (kind, names)
+            for kind, names in self.auxiliary
+        ]
+
+    def _sinks(self) -> list[int]:
+        """Ops nothing reads: the updates (and the loss)."""
+        ir = self.ir
+        read = set(ir.control_pred.tolist())
+        read.update(int(ir.tensor_producer[t]) for t in ir.op_input_tensor.tolist())
+        return [op for op in range(ir.num_ops) if op not in read]
+
+    def compile(self) -> DistributedGraph:
+        ir, placement = self.ir, self.placement
+        for op in range(ir.num_ops):
+            for inst in placement.instances(op):
+                self._instance(op, inst)
+        loss = None
+        if ir.loss_op >= 0:
+            first = int(placement.inst_ptr[ir.loss_op])
+            loss = self.instance_node[first]
+            if placement.op_mode[ir.loss_op] == Mode.SPLIT:
+                tensor = int(ir.outputs(ir.loss_op)[0])
+                loss = _node_of(self._full(tensor, int(placement.inst_device[first]), -1).ref)
+        self._schedule_collectives()
+        inputs = self._fold_inputs()
+        updates = [self.instance_node[i] for op in self._sinks() for i in placement.instances(op)]
+        train_op = self.out.name("train_op")
+        where = self.out.nodes[updates[0]].device if updates else self.devices[0]
+        self.out.node(train_op, "NoOp", where, [f"^{n}" for n in updates])
+        variables = {
+            ir.op_names[op]: [self.instance_node[i] for i in placement.instances(op)]
+            for op in range(ir.num_ops)
+            if ir.op_types[op] in VARIABLE_OPS
+        }
+        graph_def = GraphDef()
+        graph_def.node.extend(self.out.nodes.values())
+        device_map = {
+            "tasks": {
+                str(m): {
+                    "machine": self.cluster.machine_names[m],
+                    "gpus": [
+                        int(self.cluster.device_local_index[d])
+                        for d in np.flatnonzero(self.cluster.device_machine == m)
+                    ],
+                }
+                for m in range(len(self.cluster.machine_names))
+            },
+            "variables": variables,
+            "inputs": inputs,
+            "loss": loss,
+            "train_op": train_op,
+        }
+        return DistributedGraph(
+            graph_def=graph_def,
+            device_map=device_map,
+            placement=placement,
+            instance_node=tuple(self.instance_node),
+            auxiliary=tuple(self.auxiliary),
+        )
+
+
+def compile_graphdef(
+    graph_def: Any, ir: GraphIR, cluster: Cluster, resolved: ResolvedStrategy
+) -> DistributedGraph:
+    """Compile ``resolved`` over ``graph_def`` (the graph ``ir`` was analyzed from, in this
+    package's protobuf classes) into a distributed ``GraphDef`` and its device map."""
+    return _Compiler(graph_def, ir, cluster, resolved).compile()
