@@ -3,10 +3,10 @@
 For each batch size the graph is imported into a fresh ``tf.Graph`` pinned to one device,
 its variables are initialized, and the training step runs ``warmup`` times untraced, then
 ``runs`` times untraced (the median wall time is the step time) interleaved with ``runs``
-times with ``FULL_TRACE``. Each traced node is mapped to its op in the analyzer's IR of the same graph
-at that batch size; an op's time is the median over runs, and a cost key's time the median
-over the ops sharing it. Nodes the analyzer dropped (identities, no-ops, the initializer)
-or does not know (the runtime's feed and fetch nodes) are skipped.
+times with ``FULL_TRACE``. Each traced node is mapped to its op in the analyzer's IR of the
+same graph at that batch size; an op's time is the median over runs, and a cost key's time
+the median over the ops sharing it. Nodes the analyzer dropped (identities, no-ops, the
+initializer) or does not know (the runtime's feed and fetch nodes) are skipped.
 
 The session is configured so that traced times belong to the graph's own ops and add up:
 
