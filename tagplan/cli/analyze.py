@@ -8,19 +8,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tagplan.cli.common import console, print_json, user_errors
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
+from tagplan.cli.common import (
+    BatchSizeOption,
+    GraphArgument,
+    analyze_source,
+    console,
+    print_json,
+    user_errors,
+)
 
 
 def analyze_command(
-    graph: Annotated[
-        str, typer.Argument(help="Graph file (GraphDef .pb/.pbtxt[.gz] or JSON) or zoo:NAME.")
-    ],
-    batch_size: Annotated[
-        int | None,
-        typer.Option("--batch-size", "-b", help="Job batch size (default: the graph's)."),
-    ] = None,
+    graph: GraphArgument,
+    batch_size: BatchSizeOption = None,
     loss: Annotated[
         str | None, typer.Option(help="Name of the loss node (default: 'loss').")
     ] = None,
@@ -32,13 +32,7 @@ def analyze_command(
 ) -> None:
     """Import and analyze a training graph: ops, tensors, parameters, split categories."""
     with user_errors():
-        source = load_graph_source(graph)
-        ir = analyze(
-            source.graph_def,
-            batch_size=batch_size,
-            batch_inputs=batch_input or source.batch_inputs,
-            loss=loss or source.loss,
-        )
+        source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
     summary = ir.summary()
     summary["source"] = source.label
     if as_json:

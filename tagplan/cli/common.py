@@ -6,14 +6,30 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from tagplan.planner.errors import PlannerError
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.graph.source import GraphSource, load_graph_source
 
-__all__ = ["EXIT_BAD_INPUT", "console", "print_json", "user_errors"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "BatchSizeOption",
+    "GraphArgument",
+    "analyze_source",
+    "console",
+    "print_json",
+    "user_errors",
+]
+
+GraphArgument = Annotated[str, typer.Argument(help="Graph file (GraphDef or JSON) or zoo:NAME.")]
+BatchSizeOption = Annotated[
+    int | None, typer.Option("--batch-size", "-b", help="Job batch size (default: the graph's).")
+]
 
 EXIT_BAD_INPUT = 2
 console = Console()
@@ -34,3 +50,21 @@ def user_errors() -> Iterator[None]:
 def print_json(document: Any) -> None:
     """Machine-readable output: one JSON object on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+def analyze_source(
+    graph: str,
+    batch_size: int | None,
+    *,
+    loss: str | None = None,
+    batch_inputs: list[str] | None = None,
+) -> tuple[GraphSource, GraphIR]:
+    """Load ``graph`` (a path or ``zoo:NAME``) and analyze it at ``batch_size``."""
+    source = load_graph_source(graph)
+    ir = analyze(
+        source.graph_def,
+        batch_size=batch_size,
+        batch_inputs=batch_inputs or source.batch_inputs,
+        loss=loss or source.loss,
+    )
+    return source, ir

@@ -10,7 +10,14 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from tagplan.cli.common import console, print_json, user_errors
+from tagplan.cli.common import (
+    BatchSizeOption,
+    GraphArgument,
+    analyze_source,
+    console,
+    print_json,
+    user_errors,
+)
 from tagplan.planner.cost.memory import (
     FRAMEWORK_RESERVE_BYTES,
     op_memory,
@@ -18,18 +25,14 @@ from tagplan.planner.cost.memory import (
 )
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import InMemoryProfileSource, load_profile
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 
 MIB = 2**20
 
 
 def cost_command(
-    graph: Annotated[str, typer.Argument(help="Graph file or zoo:NAME.")],
+    graph: GraphArgument,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU type from the catalog, e.g. V100-32GB.")],
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", "-b", help="Batch size (default: the graph's).")
-    ] = None,
+    batch_size: BatchSizeOption = None,
     profile: Annotated[
         list[Path] | None,
         typer.Option("--profile", help="Profile file from `tagplan profile` (repeatable)."),
@@ -39,13 +42,7 @@ def cost_command(
 ) -> None:
     """Compute time, the most expensive ops and memory of one step on a single GPU."""
     with user_errors():
-        source = load_graph_source(graph)
-        ir = analyze(
-            source.graph_def,
-            batch_size=batch_size,
-            batch_inputs=source.batch_inputs,
-            loss=source.loss,
-        )
+        source, ir = analyze_source(graph, batch_size)
         loaded = [load_profile(path) for path in profile or []]
         model = OpCostModel(ir, profiles=InMemoryProfileSource(loaded) if loaded else None)
         for entry in loaded:  # a profile must be of a GPU type the planner knows

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tagplan.cli.common import console, user_errors
+from tagplan.cli.common import GraphArgument, console, user_errors
 from tagplan.planner.errors import InvalidInput
 
 
@@ -25,7 +25,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def profile_command(
-    graph: Annotated[str, typer.Argument(help="Graph file or zoo:NAME.")],
+    graph: GraphArgument,
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile file to write (JSON).")],
     gpu_type: Annotated[
         str, typer.Option("--gpu-type", help="Catalog name the times are recorded under.")

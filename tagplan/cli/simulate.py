@@ -8,11 +8,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tagplan.cli.common import console, print_json, user_errors
+from tagplan.cli.common import (
+    BatchSizeOption,
+    GraphArgument,
+    analyze_source,
+    console,
+    print_json,
+    user_errors,
+)
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
 from tagplan.planner.sim.trace import write_chrome_trace
 from tagplan.planner.strategy import Strategy, load_strategy
@@ -34,12 +39,12 @@ def load_strategy_argument(spec: str, evaluator: Evaluator) -> Strategy:
 
 
 def simulate_command(
-    graph: Annotated[str, typer.Argument(help="Graph file or zoo:NAME.")],
+    graph: GraphArgument,
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster file or name.")],
     strategy: Annotated[
         str, typer.Option("--strategy", "-s", help=f"{' | '.join(BASELINES)} or a JSON file.")
     ],
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    batch_size: BatchSizeOption = None,
     trace: Annotated[
         Path | None, typer.Option(help="Write a Chrome trace (opens in Perfetto).")
     ] = None,
@@ -50,13 +55,7 @@ def simulate_command(
 ) -> None:
     """Compile a strategy to tasks and simulate one training step."""
     with user_errors():
-        source = load_graph_source(graph)
-        ir = analyze(
-            source.graph_def,
-            batch_size=batch_size,
-            batch_inputs=source.batch_inputs,
-            loss=source.loss,
-        )
+        source, ir = analyze_source(graph, batch_size)
         evaluator = Evaluator(ir, load_cluster(cluster), use_priority=priority)
         chosen = load_strategy_argument(strategy, evaluator)
         evaluation = evaluator.evaluate(chosen)
