@@ -40,6 +40,8 @@ from tagplan.planner.topology import Cluster
 __all__ = ["CompiledTasks", "compile_tasks"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
+_AGG_SUM, _AGG_MEAN = int(Aggregation.SUM), int(Aggregation.MEAN)
+_AGG_LOCAL = int(Aggregation.LOCAL)
 
 
 class _Copy(NamedTuple):
@@ -120,13 +122,14 @@ class _Builder:
             flat = np.fromiter((x for r in rows for x in r), dtype=np.int32, count=int(ptr[-1]))
             return ptr, flat
 
-        successors: list[list[int]] = [[] for _ in self.kind]
-        for a, b in sorted(self.edges):
-            successors[a].append(b)
-        link_ptr, link_index = csr(self.links)
-        succ_ptr, succ_index = csr(successors)
-        consumer_ptr, consumer_task = csr([sorted(set(c)) for c in self.buffer_consumers])
         n = len(self.kind)
+        edges = np.array(list(self.edges), dtype=np.int64).reshape(-1, 2)
+        edges = edges[np.lexsort((edges[:, 1], edges[:, 0]))]
+        succ_ptr = np.zeros(n + 1, dtype=np.int32)
+        succ_ptr[1:] = np.cumsum(np.bincount(edges[:, 0], minlength=n))
+        succ_index = edges[:, 1].astype(np.int32)
+        link_ptr, link_index = csr(self.links)
+        consumer_ptr, consumer_task = csr([sorted(set(c)) for c in self.buffer_consumers])
         return TaskGraph(
             num_devices=self.num_devices,
             num_links=num_links,
@@ -168,6 +171,8 @@ class _Compiler:
         self.out = _Builder(cluster.num_devices)
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
+        # per-replica values (batch statistics, shapes) by (tensor, device)
+        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
         self.device_type = [cluster.type_names[t] for t in cluster.device_type]
         num_devices, num_machines = cluster.num_devices, cluster.num_machines
         self.num_links = 2 * num_devices + 2 * num_machines
@@ -395,9 +400,11 @@ class _Compiler:
         """Per-replica batch statistics are used where they are, as in every data-parallel
         framework: by the same replica (its batch-norm gradient), or by whatever runs on
         that GPU (the update of its mirror of the running averages)."""
-        local = [c for c in self.copies[tensor] if c.kind in (_MEAN, _LOCAL) and c.device == device]
+        local = self.replica_values.get((tensor, device))
+        if not local:
+            return None
         exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
-        return (exact or local or [None])[0]
+        return (exact or local)[0]
 
     def _hub(self, tensor: int) -> int:
         """Where a whole copy is made before splitting: the first producing GPU."""
@@ -406,10 +413,14 @@ class _Compiler:
 
     def _schedule_collectives(self) -> None:
         """Apply each group's gradient-sync mode to its AllReduces (see GradientSync)."""
+        decisions = self.resolved.group_decisions
+        if all(decisions[c[1]].gradient_sync == GradientSync.OVERLAP for c in self.collectives):
+            return
+        collective_tasks = {c[0] for c in self.collectives}
         inputs: dict[int, set[int]] = {}
         for pred, succ in self.out.edges:
-            inputs.setdefault(succ, set()).add(pred)
-        decisions = self.resolved.group_decisions
+            if succ in collective_tasks:
+                inputs.setdefault(succ, set()).add(pred)
         for group in sorted({c[1] for c in self.collectives}):
             decision = decisions[group]
             members = [c for c in self.collectives if c[1] == group]
@@ -446,11 +457,11 @@ class _Compiler:
             aggregation = int(self.ir.tensor_aggregation[tensor])
             if not split:
                 kind, lo_t, hi_t = _FULL, 0, self.ir.batch_size
-            elif aggregation == Aggregation.SUM:
+            elif aggregation == _AGG_SUM:
                 kind, lo_t, hi_t = _SUM, lo, hi
-            elif aggregation == Aggregation.MEAN:
+            elif aggregation == _AGG_MEAN:
                 kind, lo_t, hi_t = _MEAN, lo, hi
-            elif aggregation == Aggregation.LOCAL:
+            elif aggregation == _AGG_LOCAL:
                 kind, lo_t, hi_t = _LOCAL, lo, hi
             elif carries:
                 kind, lo_t, hi_t = _SLICE, lo, hi
@@ -462,6 +473,8 @@ class _Compiler:
             buffer = self.out.buffer(device, nbytes, task)
             copy = _Copy(device, lo_t, hi_t, kind, task, buffer)
             self.copies[tensor].append(copy)
+            if kind in (_MEAN, _LOCAL):
+                self.replica_values.setdefault((int(tensor), device), []).append(copy)
             if kind in (_FULL, _SLICE):
                 self.cache.setdefault((int(tensor), device, lo_t, hi_t), copy)
 
