@@ -15,11 +15,12 @@ auxiliary op:
   added by ``AddN`` (per-replica batch statistics by a weighted sum: ``Mul`` by the
   replica's share of the batch, then ``AddN``); different replica layouts get a
   ``ConcatV2`` then ``Slice``; per-replica shape tensors are read by the same replica;
-* partial sums read by mirrored ops on exactly the partials' GPUs (gradients of mirrored
+* partial sums read by mirrored ops on the partials' GPUs (gradients of mirrored
   parameters) are summed by one AllReduce: ``NcclAllReduce`` (one node per GPU, shared
   ``shared_name``) when every member is on one machine, ``CollectiveReduceV2``
   (``merge_op=Add``, ``final_op=Id``; one group key per member set, one instance key per
-  reduction) across machines; several replicas on one GPU are added locally first;
+  reduction) across machines; several replicas on one GPU are added locally first, and
+  a mirror on a GPU without batch rows reads a member's sum;
 * a tensor crosses to another GPU by plain edges: TensorFlow's partitioner sends it once
   per destination device, as the task graph's transfers;
 * a group's ``after-backward`` gradient sync is a ``NoOp`` barrier that its AllReduces
@@ -28,10 +29,12 @@ auxiliary op:
 
 Variables mirrored on several GPUs are one ``VarHandleOp`` per GPU with distinct
 ``shared_name`` s; whoever deploys the graph gives them identical initial values. Under
-a parameter server they exist once, on the PS GPU. Split instances whose shape argument
-is an integer ``Const`` equal to the op's full output shape (``Reshape``'s shape,
-``Conv2DBackpropInput``'s input sizes, ``Fill``, ``BroadcastTo``, ``AvgPoolGrad``) read a
-new ``Const`` holding their local shape.
+a parameter server they exist once, on the PS GPU. A split instance whose shape argument
+(``Reshape``'s shape, ``Conv2DBackpropInput``'s input sizes, ``Fill``, ``BroadcastTo``,
+``AvgPoolGrad``, ``StridedSliceGrad``, ``ScatterNd``) is the op's full output shape
+reads its local shape instead: a new ``Const`` when the argument is built from
+constants, a ``SelectV2`` swapping the full entries for the local ones when it is
+computed.
 
 **Batch inputs.** A data placeholder has one instance per GPU of its group, as the
 placement says. When everything on that GPU reads a single slice of it (data
@@ -42,9 +45,10 @@ takes the whole batch and ``Slice`` s cut it on the GPU.
 
 The result carries a device map (JSON-able): worker task -> machine name and GPU ids,
 original variable -> its replica variable nodes, batch input -> ``(node, lo, hi)`` per
-replica placeholder, the node giving the full-batch ``loss`` and ``train_op``, a
-``NoOp`` behind every update. The IR must be at the batch size the graph was built for:
-constants that depend on the batch (the divisor of a mean loss) are not rewritten.
+replica placeholder, the node giving the full-batch ``loss`` (gathered on its first GPU
+should the loss op itself be split) and ``train_op``, a ``NoOp`` behind every update.
+The IR must be at the batch size the graph was built for: constants that depend on the
+batch (the divisor of a mean loss) are not rewritten.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ from tagplan.planner.topology import Cluster
 __all__ = ["AUXILIARY_KINDS", "DistributedGraph", "compile_graphdef", "worker_device"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
-DT_FLOAT, DT_INT32 = 1, 3
+_DT_INT32, _DT_INT64 = 3, 9
 _NUMPY = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
 AUXILIARY_KINDS = ("split", "concat", "addn", "allreduce")
 """Kinds of auxiliary ops, as the task graph names its tasks."""
@@ -82,6 +86,8 @@ _SHAPE_ARGUMENTS = {
     "Fill": 0,
     "AvgPoolGrad": 0,
     "AvgPool3DGrad": 0,
+    "StridedSliceGrad": 0,
+    "ScatterNd": 2,
 }
 
 
@@ -190,6 +196,7 @@ class _Compiler:
                 f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
             )
         self.ir, self.cluster, self.resolved = ir, cluster, resolved
+        self.source = graph_def
         self.originals = {n.name: n for n in graph_def.node}
         missing = [n for n in ir.op_names if n not in self.originals]
         if missing:
@@ -273,7 +280,7 @@ class _Compiler:
         where = self.devices[device]
         axis_value = np.array(int(self.ir.tensor_batch_axis[tensor]), dtype=np.int32)
         label = self._label(tensor)
-        axis = self.out.const(f"{label}/concat/axis_d{device}", where, axis_value, DT_INT32)
+        axis = self.out.const(f"{label}/concat/axis_d{device}", where, axis_value, _DT_INT32)
         name = self.out.name(f"{label}/concat_d{device}")
         node = self.out.node(
             name,
@@ -282,7 +289,7 @@ class _Compiler:
             [p.ref for p in local] + [axis],
             N=len(local),
             T=self._dtype(tensor),
-            Tidx=DT_INT32,
+            Tidx=_DT_INT32,
         )
         _set_shapes(node, [self.ir.tensor_shapes[tensor]])
         self.auxiliary.append(("concat", (name,)))
@@ -312,19 +319,21 @@ class _Compiler:
         return name
 
     def _reduce(self, tensor: int, partial: list[_Copy], device: int, reader: int) -> _Copy:
-        """Sum partial results: one AllReduce when the readers are copies on exactly the
-        partials' GPUs, otherwise an ``AddN`` on ``device``."""
+        """Sum partial results: one AllReduce when the readers are copies on the partials'
+        GPUs, otherwise an ``AddN`` on ``device``."""
         members = np.unique([c.device for c in partial])
         readers = np.unique(self.placement.devices(reader))
-        if len(members) > 1 and np.array_equal(members, readers):
-            return self._allreduce(tensor, partial, members, device, reader)
+        if len(members) > 1 and set(members.tolist()) <= set(readers.tolist()):
+            # readers on GPUs without a replica (more GPUs than examples) read a copy
+            self._allreduce(tensor, partial, members, reader)
+            return self._full(tensor, device, reader)
         refs = [self._weighted(tensor, piece, device) for piece in partial]
         name = self._addn(tensor, refs, device)
         return self._keep(tensor, _Copy(device, 0, self.ir.batch_size, _FULL, name))
 
     def _allreduce(
-        self, tensor: int, partial: list[_Copy], members: np.ndarray, device: int, reader: int
-    ) -> _Copy:
+        self, tensor: int, partial: list[_Copy], members: np.ndarray, reader: int
+    ) -> None:
         batch, dtype = self.ir.batch_size, self._dtype(tensor)
         inputs: list[str] = []
         for member in members.tolist():
@@ -357,7 +366,7 @@ class _Compiler:
             for member, ref in zip(members.tolist(), inputs, strict=True):
                 where = self.devices[member]
                 keys = [
-                    self.out.const(f"{label}/{what}_d{member}", where, np.array(v), DT_INT32)
+                    self.out.const(f"{label}/{what}_d{member}", where, np.array(v), _DT_INT32)
                     for what, v in (
                         ("group_size", len(members)),
                         ("group_key", group_key),
@@ -388,7 +397,6 @@ class _Compiler:
             self.collectives.append((names, group, nbytes, [_node_of(r) for r in inputs]))
         for member, name in zip(members.tolist(), names, strict=True):
             self._keep(tensor, _Copy(member, 0, batch, _FULL, name))
-        return self.cache[(tensor, device, 0, batch)]
 
     def _slice(self, tensor: int, device: int, lo: int, hi: int, reader: int) -> _Copy:
         """Rows ``[lo, hi)`` of a batch tensor on ``device``: a ``Slice`` of a whole copy."""
@@ -411,12 +419,12 @@ class _Compiler:
         size[axis] = local[axis] if local is not None and local[axis] >= 0 else hi - lo
         where, label = self.devices[source], f"{self._label(tensor)}/split_{lo}_{hi}"
         consts = (
-            self.out.const(f"{label}/begin_d{source}", where, begin, DT_INT32),
-            self.out.const(f"{label}/size_d{source}", where, size, DT_INT32),
+            self.out.const(f"{label}/begin_d{source}", where, begin, _DT_INT32),
+            self.out.const(f"{label}/size_d{source}", where, size, _DT_INT32),
         )
         name = self.out.name(f"{label}_d{source}")
         node = self.out.node(
-            name, "Slice", where, [whole.ref, *consts], T=self._dtype(tensor), Index=DT_INT32
+            name, "Slice", where, [whole.ref, *consts], T=self._dtype(tensor), Index=_DT_INT32
         )
         _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
@@ -435,32 +443,67 @@ class _Compiler:
         whole = [c for c in self.copies[tensor] if c.kind == _FULL]
         return (whole or self.copies[tensor])[0].device
 
-    def _local_shape(self, op: int, position: int, ref: str, inst: int) -> str:
-        """A ``Const`` shape argument equal to the op's full output shape, made local."""
-        ir, placement = self.ir, self.placement
-        tensor = int(ir.inputs(op)[position])
+    def _static_ints(self, tensor: int, depth: int = 0) -> list[int] | None:
+        """The value of a small integer tensor built from constants (a ``Const``, or the
+        ``ExpandDims`` / ``Pack`` / ``ConcatV2`` of constants), else ``None``."""
+        ir = self.ir
         producer = int(ir.tensor_producer[tensor])
+        kind, inputs = ir.op_types[producer], ir.inputs(producer).tolist()
+        if kind == "Const":
+            return tensor_ints(self.originals[ir.op_names[producer]].attr["value"].tensor)
+        if depth > 4 or not inputs:
+            return None
+        parts = [self._static_ints(t, depth + 1) for t in inputs]
+        if kind == "ExpandDims" and parts[0] is not None and ir.tensor_shapes[inputs[0]] == ():
+            return parts[0]
+        if kind == "Pack" and all(p is not None and len(p) == 1 for p in parts):
+            return [p[0] for p in parts]
+        if kind == "ConcatV2" and all(p is not None for p in parts[:-1]):
+            return [v for p in parts[:-1] for v in p]
+        return None
+
+    def _local_shape(self, op: int, position: int, ref: str, inst: int) -> str:
+        """The shape argument of a split instance, at the instance's rows: a new ``Const``
+        when it is built from constants and equals the op's full output shape; when it is
+        computed, ``SelectV2(Equal(shape, full), local, shape)`` (entries such as ``-1``
+        that are not the full shape's pass unchanged). A per-replica shape (``Shape`` of
+        the replica's own input) is local already."""
+        ir, placement = self.ir, self.placement
         output = ir.outputs(op)
-        if _SHAPE_ARGUMENTS.get(ir.op_types[op]) != position or ir.op_types[producer] != "Const":
+        if _SHAPE_ARGUMENTS.get(ir.op_types[op]) != position or not len(output):
             return ref
-        if not len(output) or ir.tensor_shapes[output[0]] is None:
+        tensor = int(ir.inputs(op)[position])
+        full = ir.tensor_shapes[output[0]]
+        dtype = self._dtype(tensor)
+        if full is None or dtype not in (_DT_INT32, _DT_INT64) or min(full, default=0) < 0:
             return ref
-        node = self.originals[ir.op_names[producer]]
-        values = tensor_ints(node.attr["value"].tensor)
+        if ir.tensor_aggregation[tensor] == Aggregation.LOCAL:
+            return ref
+        static = self._static_ints(tensor)
+        if static is not None and static != list(full):
+            return ref
         lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
-        local = self._shape(int(output[0]), lo, hi)
-        if values != list(ir.tensor_shapes[output[0]]) or local is None:
-            return ref
         device = int(placement.inst_device[inst])
-        key = (producer, device, lo, hi)
-        if key not in self.local_consts:
-            dtype = int(node.attr["dtype"].type)
-            wanted = f"{ir.op_names[producer]}/rows_{lo}_{hi}_d{device}"
-            values_array = np.array(local, dtype=_NUMPY[dtype])
-            self.local_consts[key] = self.out.const(
-                wanted, self.devices[device], values_array, dtype
-            )
-        return self.local_consts[key]
+        key = (tensor, device, lo, hi)
+        if key in self.local_consts:
+            return self.local_consts[key]
+        where, label = self.devices[device], f"{self._label(tensor)}/rows_{lo}_{hi}"
+        local = np.array(self._shape(int(output[0]), lo, hi), dtype=_NUMPY[dtype])
+        if static is not None:
+            name = self.out.const(f"{label}_d{device}", where, local, dtype)
+        else:
+            whole = np.array(full, dtype=_NUMPY[dtype])
+            full_ref = self.out.const(f"{label}/full_d{device}", where, whole, dtype)
+            local_ref = self.out.const(f"{label}/local_d{device}", where, local, dtype)
+            equal = self.out.name(f"{label}/is_full_d{device}")
+            node = self.out.node(equal, "Equal", where, [ref, full_ref], T=dtype)
+            node.attr["incompatible_shape_error"].b = True
+            _set_shapes(node, [local.shape])
+            name = self.out.name(f"{label}_d{device}")
+            node = self.out.node(name, "SelectV2", where, [equal, local_ref, ref], T=dtype)
+            _set_shapes(node, [local.shape])
+        self.local_consts[key] = name
+        return name
 
     # ops ---------------------------------------------------------------------------------
     def _publish(self, op: int, inst: int, node: str) -> None:
@@ -513,7 +556,8 @@ class _Compiler:
         count = len(placement.instances(op))
         if count > 1 and ir.op_types[op] in VARIABLE_OPS:
             shared = node.attr["shared_name"].s.decode() or ir.op_names[op]
-            node.attr["shared_name"].s = f"{shared}/replica_{inst - placement.inst_ptr[op]}".encode()
+            replica = inst - int(placement.inst_ptr[op])
+            node.attr["shared_name"].s = f"{shared}/replica_{replica}".encode()
         outputs = ir.outputs(op)
         shapes = [self._shape(t, lo, hi) if split else ir.tensor_shapes[t] for t in outputs]
         _set_shapes(node, shapes)
@@ -597,12 +641,12 @@ class _Compiler:
             for kind, names in self.auxiliary
         ]
 
-    def _sinks(self) -> list[int]:
-        """Ops nothing reads: the updates (and the loss)."""
+    def _updates(self) -> list[int]:
+        """Ops without outputs (parameter updates, assignments) and ops nothing reads."""
         ir = self.ir
         read = set(ir.control_pred.tolist())
         read.update(int(ir.tensor_producer[t]) for t in ir.op_input_tensor.tolist())
-        return [op for op in range(ir.num_ops) if op not in read]
+        return [op for op in range(ir.num_ops) if op not in read or not len(ir.outputs(op))]
 
     def compile(self) -> DistributedGraph:
         ir, placement = self.ir, self.placement
@@ -618,7 +662,7 @@ class _Compiler:
                 loss = _node_of(self._full(tensor, int(placement.inst_device[first]), -1).ref)
         self._schedule_collectives()
         inputs = self._fold_inputs()
-        updates = [self.instance_node[i] for op in self._sinks() for i in placement.instances(op)]
+        updates = [self.instance_node[i] for op in self._updates() for i in placement.instances(op)]
         train_op = self.out.name("train_op")
         where = self.out.nodes[updates[0]].device if updates else self.devices[0]
         self.out.node(train_op, "NoOp", where, [f"^{n}" for n in updates])
@@ -628,6 +672,8 @@ class _Compiler:
             if ir.op_types[op] in VARIABLE_OPS
         }
         graph_def = GraphDef()
+        graph_def.versions.CopyFrom(self.source.versions)
+        graph_def.library.CopyFrom(self.source.library)
         graph_def.node.extend(self.out.nodes.values())
         device_map = {
             "tasks": {
