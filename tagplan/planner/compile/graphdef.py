@@ -212,7 +212,7 @@ class _Compiler:
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
         self.auxiliary: list[tuple[str, tuple[str, ...]]] = []
-        self.slices: dict[str, tuple[str, int, int, tuple[str, str]]] = {}
+        self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
         self.local_consts: dict[tuple[int, int, int, int], str] = {}
         self.gradients = set(ir.parameters.gradient_tensor.tolist())
         # per gradient AllReduce: (member nodes, op group, bytes, member input nodes)
@@ -428,7 +428,7 @@ class _Compiler:
         )
         _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
-        self.slices[name] = (whole.ref, lo, hi, consts)
+        self.slices[name] = (lo, hi, consts)
         piece = _Copy(source, lo, hi, _SLICE, name)
         self.cache[(tensor, source, lo, hi)] = piece
         return self._local(tensor, piece, device)
@@ -607,17 +607,17 @@ class _Compiler:
                 name = self.instance_node[inst]
                 lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
                 users = readers.get(name, [])
-                cuts = {self.slices[u][1:3] for u in users if u in self.slices}
+                cuts = {self.slices[u][:2] for u in users if u in self.slices}
                 node = nodes[name]
-                device = int(placement.inst_device[inst])
                 foldable = node.op == "Placeholder" and len(ir.outputs(op)) == 1
                 if foldable and users and len(cuts) == 1 and all(u in self.slices for u in users):
                     lo, hi = cuts.pop()
-                    self._fold(name, users, int(ir.outputs(op)[0]), device, lo, hi)
+                    self._fold(name, users, int(ir.outputs(op)[0]), lo, hi)
                 entries.append([name, lo, hi])
         return inputs
 
-    def _fold(self, name: str, slices: list[str], tensor: int, device: int, lo: int, hi: int):
+    def _fold(self, name: str, slices: list[str], tensor: int, lo: int, hi: int) -> None:
+        """Give placeholder ``name`` the rows ``[lo, hi)`` and drop its ``slices``."""
         nodes = self.out.nodes
         local = self._shape(tensor, lo, hi)
         placeholder = nodes[name]
@@ -634,7 +634,7 @@ class _Compiler:
                     node.input[i] = name
         for piece in slices:
             del nodes[piece]
-            for const in self.slices[piece][3]:
+            for const in self.slices[piece][2]:
                 del nodes[const]
         self.auxiliary = [
             ("split", (name,)) if kind == "split" and names[0] in slices else (kind, names)
