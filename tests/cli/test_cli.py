@@ -205,3 +205,22 @@ def test_cost_refuses_bad_profiles_with_the_reason(tmp_path, edit, message) -> N
     result = invoke("cost", "zoo:vgg19", "--gpu", "CPU", "-b", "2", "--profile", str(path))
     assert result.exit_code == EXIT_BAD_INPUT
     assert message in result.stderr
+
+
+def test_compile_writes_the_graph_and_device_map(tmp_path) -> None:
+    result = invoke("compile", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    device_map = json.loads((tmp_path / "device_map.json").read_text())
+    assert device_map["train_op"] and device_map["variables"]
+    from tagplan.planner.graph.load import load_graph_def
+
+    graph = load_graph_def(tmp_path / "distributed.pb")
+    devices = {node.device for node in graph.node if node.device}
+    assert any("/task:0/device:GPU:3" in d for d in devices)
+
+
+@pytest.mark.tf
+def test_verify_passes_for_data_parallelism_and_reports_json() -> None:
+    result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["passed"] is True

@@ -1,0 +1,91 @@
+"""``tagplan compile`` and ``tagplan verify``: the distributed GraphDef of a strategy, and
+its proof by execution (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tagplan.cli.common import (
+    BatchSizeOption,
+    GraphArgument,
+    analyze_source,
+    console,
+    print_json,
+    user_errors,
+)
+from tagplan.cli.simulate import load_strategy_argument
+from tagplan.planner.compile.graphdef import compile_graphdef
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.strategy import resolve
+from tagplan.planner.topology import load_cluster
+
+ClusterOption = Annotated[str, typer.Option("--cluster", "-c", help="Cluster file or name.")]
+StrategyOption = Annotated[
+    str, typer.Option("--strategy", "-s", help="A baseline name or a strategy JSON file.")
+]
+
+
+def compile_command(
+    graph: GraphArgument,
+    cluster: ClusterOption,
+    strategy: StrategyOption,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")],
+    batch_size: BatchSizeOption = None,
+) -> None:
+    """Write the placed distributed GraphDef (distributed.pb) and its device map."""
+    with user_errors():
+        source, ir = analyze_source(graph, batch_size)
+        evaluator = Evaluator(ir, load_cluster(cluster))
+        chosen = load_strategy_argument(strategy, evaluator)
+        resolved = resolve(chosen, ir, evaluator.cluster)
+        compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "distributed.pb").write_bytes(compiled.graph_def.SerializeToString())
+    (out / "device_map.json").write_text(json.dumps(compiled.device_map, indent=2))
+    (out / "strategy.json").write_text(chosen.to_json())
+    counts = ", ".join(f"{n} {kind}" for kind, n in compiled.auxiliary_counts().items() if n)
+    console.print(
+        f"{len(compiled.graph_def.node):,} nodes ({counts or 'no auxiliary ops'}) -> "
+        f"{out / 'distributed.pb'}, {out / 'device_map.json'}"
+    )
+
+
+def verify_command(
+    graph: GraphArgument,
+    cluster: ClusterOption,
+    strategy: StrategyOption,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", help="Small batch to run both graphs at.")
+    ] = 4,
+    rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-4,
+    precision: Annotated[
+        str, typer.Option(help="float64 (default: rounding-order free) or float32.")
+    ] = "float64",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Run the original and the compiled graph for one step in TensorFlow on virtual CPU
+    devices (one per GPU) and compare the loss and every updated variable."""
+    with user_errors():
+        from tagplan.planner.compile.verify import verify
+
+        _, ir = analyze_source(graph, batch_size)
+        evaluator = Evaluator(ir, load_cluster(cluster))
+        chosen = load_strategy_argument(strategy, evaluator)
+        report = verify(
+            graph,
+            evaluator.cluster,
+            chosen,
+            batch_size=batch_size,
+            rtol=rtol,
+            precision=precision,
+        )
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        console.print(report.summary(), highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)
