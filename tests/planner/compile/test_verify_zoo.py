@@ -1,0 +1,38 @@
+"""Verification by execution on the larger zoo models without batch norm (DESIGN.md §5):
+data parallelism across machines and model parallelism over three GPUs on two machines."""
+
+from __future__ import annotations
+
+import pytest
+
+from tagplan.planner.compile.verify import verify_many
+from tagplan.planner.strategy import GroupDecision, Option, Strategy
+from tagplan.planner.topology import load_cluster
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+# two T4s on one machine, one on another: every cross-machine path is exercised
+THREE_GPUS = {
+    "machines": [
+        {"name": "a", "gpus": {"type": "T4", "count": 2}, "intra_bandwidth_gbps": 100},
+        {"name": "b", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
+    ],
+    "network": {"bandwidth_gbps": 10},
+}
+STRATEGIES = {
+    "data-parallel": Strategy(
+        default=GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
+    ),
+    "model-parallel": Strategy(
+        default=GroupDecision(device_groups=[0, 1], option=Option.MODEL_PARALLEL)
+    ),
+}
+
+
+@pytest.mark.parametrize("model", ["bert_small", "transformer"])
+def test_language_models_verify_under_data_and_model_parallelism(model: str) -> None:
+    reports = verify_many(
+        f"zoo:{model}", load_cluster(THREE_GPUS), list(STRATEGIES.values()), batch_size=3
+    )
+    for name, report in zip(STRATEGIES, reports, strict=True):
+        assert report.passed, f"{name}: {report.summary()}"
