@@ -298,25 +298,29 @@ class _Compiler:
         """Sum (or average) partial results: one AllReduce when the readers are copies on
         the partials' GPUs (mirrored parameter updates), otherwise push to ``device`` and
         AddN there."""
-        batch = self.ir.batch_size
-        nbytes = self._bytes(tensor, 0, batch)
         members = np.unique([c.device for c in partial])
         readers = np.unique(self.placement.devices(reader))
         if len(members) > 1 and set(members.tolist()) <= set(readers.tolist()):
             # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
             self._allreduce(tensor, partial, members, group, reader)
             return self._full(tensor, device, group, reader)
+        local = [self._transfer_partial(tensor, piece, device, group) for piece in partial]
+        return self._keep(tensor, self._add(tensor, local, device, group, _FULL))
+
+    def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
+        """An ``AddN`` on ``device`` of pieces already there."""
+        batch = self.ir.batch_size
         task = self.out.task(
             COMPUTE,
             device,
-            self._aux_seconds(device, (len(partial) + 1) * nbytes),
+            self._aux_seconds(device, (len(pieces) + 1) * self._bytes(tensor, 0, batch)),
             group,
             f"addn {self._name(tensor)} on {self.cluster.device_names[device]}",
         )
-        for piece in partial:
-            self.out.read(self._transfer_partial(tensor, piece, device, group), task)
+        for piece in pieces:
+            self.out.read(piece, task)
         buffer = self.out.buffer(device, self._bytes(tensor, 0, batch, memory=True), task)
-        return self._keep(tensor, _Copy(device, 0, batch, _FULL, task, buffer))
+        return _Copy(device, 0, batch, kind, task, buffer)
 
     def _transfer_partial(self, tensor: int, piece: _Copy, device: int, group: int) -> _Copy:
         return piece if piece.device == device else self._transfer(tensor, piece, device, group)
@@ -338,20 +342,9 @@ class _Compiler:
         inputs: list[_Copy] = []
         for member in members.tolist():
             local = [c for c in partial if c.device == member]
-            if len(local) == 1:
-                inputs.append(local[0])
-                continue
-            task = self.out.task(
-                COMPUTE,
-                member,
-                self._aux_seconds(member, (len(local) + 1) * nbytes),
-                group,
-                f"addn {self._name(tensor)} on {self.cluster.device_names[member]}",
+            inputs.append(
+                local[0] if len(local) == 1 else self._add(tensor, local, member, group, _SUM)
             )
-            for piece in local:
-                self.out.read(piece, task)
-            buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
-            inputs.append(_Copy(member, 0, batch, _SUM, task, buffer))
         task = self.out.task(
             COLLECTIVE,
             -1,
