@@ -138,3 +138,33 @@ def test_uneven_replicas_follow_the_batch_weights(ir, cluster) -> None:
     assert placement.devices(y).tolist() == [0, 0, 1, 2]
     assert sum(placement.local_batch(i) for i in placement.instances(y)) == BATCH
     assert [placement.local_batch(i) for i in placement.instances(y)] == [2, 2, 2, 2]
+
+
+def test_pushes_to_a_parameter_server_contend_for_its_network_link(ir) -> None:
+    """Three workers on one machine push to a PS on another: the pushes share the
+    machine's uplink and the PS machine's downlink, so they run one after another and
+    take 3 * (latency + S / B) together (the contention term of the PS closed form)."""
+    cluster = load_cluster(
+        {
+            "machines": [
+                {"name": "a", "gpus": {"type": "T4", "count": 3}, "intra_bandwidth_gbps": 100},
+                {"name": "b", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
+            ],
+            "network": {"bandwidth_gbps": 10, "latency_us": 10},
+        }
+    )
+    decision = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_PS, ps_device="b/GPU:0")
+    tasks, _ = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    result = simulate(graph)
+    pushes = [
+        i
+        for i in np.flatnonzero(graph.task_kind == TRANSFER)
+        if graph.task_names[i].startswith("send dw:0")
+    ]
+    assert len(pushes) == 3
+    one = float(CommModel(cluster).p2p_time_s(0, 3, FEATURES * UNITS * 4))
+    starts, finishes = result.start_s[pushes], result.finish_s[pushes]
+    assert finishes.max() - starts.min() == pytest.approx(3 * one)
+    order = np.argsort(starts)
+    assert (starts[order][1:] >= finishes[order][:-1] - 1e-15).all()  # no two overlap
