@@ -15,8 +15,9 @@ device groups it uses (the placement row P_i) and one replication option O_i:
 
 HeteroG's refinements (§3.4) are optional per group: several replicas per GPU
 (``replicas``) or uneven batch shares (``batch_weights``), the collective algorithm, and
-for model parallelism an explicit op placement. ``sfb`` lists the parameters whose
-gradient subgraph is duplicated instead of synchronized (TAG §4.2.3).
+for model parallelism an explicit op placement. ``sfb`` maps a parameter to the ops of
+its gradient subgraph that are duplicated instead of synchronized (TAG §4.2.3: the
+sufficient factors are broadcast, every replica computes the identical gradient).
 
 Strategies are JSON with a schema version. :func:`resolve` checks one against a graph
 and a cluster and returns flat arrays for the compiler; any reference to an op, device
@@ -117,7 +118,7 @@ class Strategy(BaseModel):
     name: str = ""
     groups: list[OpGroup] = Field(default_factory=list)
     default: GroupDecision | None = None
-    sfb: list[str] = Field(default_factory=list)  # parameter names
+    sfb: dict[str, list[str]] = Field(default_factory=dict)  # parameter -> ops to duplicate
 
     @model_validator(mode="after")
     def _covers_something(self) -> Strategy:
@@ -173,6 +174,7 @@ class ResolvedStrategy:
     replica_weight: np.ndarray  # float64
     op_device: np.ndarray  # int32 per op: model-parallel placement, -1 otherwise
     sfb_parameters: np.ndarray  # int32: rows of ir.parameters
+    sfb_op: np.ndarray  # bool per op: duplicated for sufficient-factor broadcast
 
     @property
     def num_groups(self) -> int:
@@ -329,11 +331,16 @@ def resolve(
                     raise InvalidInput(f"{where}: placement names op {name!r}, not in the group")
                 op_device[op] = device
     sfb: list[int] = []
+    sfb_op = np.zeros(ir.num_ops, dtype=bool)
     parameter_rows = {name: row for row, name in enumerate(ir.parameters.names)}
-    for name in strategy.sfb:
+    for name, ops in strategy.sfb.items():
         if name not in parameter_rows:
             raise InvalidInput(f"sfb names {name!r}, which is not a trainable parameter")
         sfb.append(parameter_rows[name])
+        for op_name in ops:
+            if op_name not in ir.aliases and op_name not in ir.op_names:
+                raise InvalidInput(f"sfb for {name!r} names op {op_name!r}, not in the graph")
+            sfb_op[ir.op_index(op_name)] = True
     return ResolvedStrategy(
         strategy=strategy,
         group_decisions=tuple(decisions),
@@ -346,4 +353,5 @@ def resolve(
         replica_weight=np.concatenate(replica_weight),
         op_device=op_device,
         sfb_parameters=np.array(sfb, dtype=np.int32),
+        sfb_op=sfb_op,
     )

@@ -37,7 +37,7 @@ def test_json_round_trip_keeps_every_field() -> None:
         name="mixed",
         groups=[OpGroup(ops=["y", "dy"], decision=decision(option=Option.MODEL_PARALLEL))],
         default=decision(replicas={"v100-0/GPU:1": 2}, batch_weights={"v100-0/GPU:0": 2.0}),
-        sfb=["w"],
+        sfb={"w": ["dw"]},
     )
     assert load_strategy(strategy.to_json()) == strategy
 
@@ -75,7 +75,8 @@ def test_round_robin_parameter_servers_and_replica_shares(ir, testbed) -> None:
             "ps_device 'x/GPU:9' does not exist",
         ),
         (Strategy(default=decision(replicas={"p100-0/GPU:0": 1})), "not in the group's GPUs"),
-        (Strategy(default=decision(), sfb=["y"]), "not a trainable parameter"),
+        (Strategy(default=decision(), sfb={"y": []}), "not a trainable parameter"),
+        (Strategy(default=decision(), sfb={"w": ["nope"]}), "names op 'nope'"),
         (
             Strategy(
                 default=decision(option=Option.MODEL_PARALLEL, placement={"y": "p100-0/GPU:0"})

@@ -119,7 +119,9 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
         elif op in parameter_ops and option == Option.REPLICATE_PS:
             ps = resolved.group_ps_device[group : group + 1]
             modes[op], rows[op] = Mode.SINGLE, full_on(ps)
-        elif op in parameter_ops or not has_batch_input[op]:
+        elif op in parameter_ops or not has_batch_input[op] or resolved.sfb_op[op]:
+            # mirrored state, cheap non-batch work, and SFB's duplicated gradient subgraph
+            # (TAG §4.2.3: every replica computes the whole gradient)
             modes[op], rows[op] = Mode.DUPLICATE, full_on(devices)
         elif ir.split_category[op] == SplitCategory.NONE:  # stateful ops are here too
             modes[op], rows[op] = Mode.SINGLE, full_on(devices[:1])
