@@ -9,7 +9,8 @@ of the same kind the search produces, so one compiler and one simulator judge th
 * ``dp-ps``: data parallelism with parameters spread round-robin over every GPU acting
   as a parameter server;
 * ``horovod``: data parallelism with AllReduce fused into 64 MiB buckets that overlap the
-  backward pass, hierarchical where it is faster (Horovod's tensor fusion).
+  backward pass, hierarchical where it is faster (Horovod's tensor fusion);
+* ``m-topo``, ``m-etf``: Baechi's memory-constrained model parallelism (:mod:`.baechi`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, single_device_p
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.search.baechi import m_etf, m_topo
 from tagplan.planner.strategy import (
     Collective,
     GradientSync,
@@ -132,6 +134,8 @@ BASELINES: dict[str, Callable[[GraphIR, Cluster, OpCostModel], Strategy]] = {
     "dp-nccl-p": dp_nccl_proportional,
     "dp-ps": dp_ps,
     "horovod": horovod,
+    "m-topo": m_topo,
+    "m-etf": m_etf,
 }
 
 

@@ -28,7 +28,7 @@ import pymetis
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 
-__all__ = ["Grouping", "group_ops"]
+__all__ = ["Grouping", "atoms_of", "group_ops"]
 
 DEFAULT_MAX_GROUPS = 60
 DEFAULT_BALANCE = 2.0
@@ -65,7 +65,7 @@ def _union_find(size: int) -> tuple[list[int], callable]:
     return parent, find
 
 
-def _atoms(ir: GraphIR) -> np.ndarray:
+def atoms_of(ir: GraphIR) -> np.ndarray:
     """Atom id per op: colocation classes joined with each parameter's update region."""
     parent, find = _union_find(ir.num_ops)
     first_of_class: dict[int, int] = {}
@@ -177,7 +177,7 @@ def group_ops(
         raise InvalidInput(f"max_groups must be at least 1, got {max_groups}")
     if balance < 1:
         raise InvalidInput(f"balance must be at least 1, got {balance}")
-    atoms = _atoms(ir)
+    atoms = atoms_of(ir)
     count = int(atoms.max()) + 1
     atom_time = np.bincount(atoms, weights=op_time_s, minlength=count)
     src, dst, nbytes = _op_edges(ir)
