@@ -36,3 +36,20 @@ def test_language_models_verify_under_data_and_model_parallelism(model: str) -> 
     )
     for name, report in zip(STRATEGIES, reports, strict=True):
         assert report.passed, f"{name}: {report.summary()}"
+
+
+def test_vgg19_verifies_under_data_and_model_parallelism_across_two_machines() -> None:
+    """VGG19 at batch 2 over two machines with one GPU each (float64 copies of its 548 MiB
+    of parameters and Adam slots on every mirror are what this machine's memory allows)."""
+    cluster = load_cluster(
+        {
+            "machines": [
+                {"name": "a", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
+                {"name": "b", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
+            ],
+            "network": {"bandwidth_gbps": 10},
+        }
+    )
+    reports = verify_many("zoo:vgg19", cluster, list(STRATEGIES.values()), batch_size=2)
+    for name, report in zip(STRATEGIES, reports, strict=True):
+        assert report.passed, f"{name}: {report.summary()}"
