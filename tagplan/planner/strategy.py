@@ -329,7 +329,21 @@ def resolve(
                 op = ir.op_index(name) if name in ir.aliases or name in ir.op_names else -1
                 if op < 0 or op_group[op] != group:
                     raise InvalidInput(f"{where}: placement names op {name!r}, not in the group")
-                op_device[op] = device
+                # TensorFlow colocates a variable with its reads and updates: they move along
+                colocated = np.flatnonzero(
+                    (ir.colocation == ir.colocation[op]) & (op_group == group)
+                )
+                clash = [
+                    ir.op_names[i]
+                    for i in colocated
+                    if decision.placement.get(ir.op_names[i], device_name) != device_name
+                ]
+                if clash:
+                    raise InvalidInput(
+                        f"{where}: placement splits ops TensorFlow must colocate "
+                        f"({name!r} and {clash[0]!r})"
+                    )
+                op_device[colocated] = device
     sfb: list[int] = []
     sfb_op = np.zeros(ir.num_ops, dtype=bool)
     parameter_rows = {name: row for row, name in enumerate(ir.parameters.names)}

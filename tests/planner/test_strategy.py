@@ -95,3 +95,16 @@ def test_malformed_json_names_the_field() -> None:
         load_strategy('{"version": 1, "default": {"device_groups": [0], "option": "magic"}}')
     with pytest.raises(InvalidInput, match="groups or a default"):
         load_strategy('{"version": 1}')
+
+
+def test_explicit_placement_moves_colocated_ops_and_refuses_splitting_them(ir, testbed) -> None:
+    """A variable's read follows it; placing the two apart is refused."""
+    mp = {"device_groups": [0], "option": Option.MODEL_PARALLEL}
+    resolved = resolve(
+        Strategy(default=decision(**mp, placement={"w": "v100-0/GPU:2"})), ir, testbed
+    )
+    assert resolved.op_device[ir.op_index("w/read")] == 2
+    assert resolved.op_device[ir.op_index("update_w")] == 2
+    split = decision(**mp, placement={"w": "v100-0/GPU:2", "w/read": "v100-0/GPU:1"})
+    with pytest.raises(InvalidInput, match="must colocate"):
+        resolve(Strategy(default=split), ir, testbed)

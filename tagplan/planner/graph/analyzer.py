@@ -30,6 +30,7 @@ from tagplan.planner.graph.parsed import ParsedGraph, Shape, attr_value, parse_g
 from tagplan.planner.graph.protos import DT_RESOURCE, DTYPE_BYTES, dtype_name, op_registry
 from tagplan.planner.graph.shape_inference import infer_shapes
 from tagplan.planner.graph.simplify import Simplified, simplify
+from tagplan.planner.unionfind import UnionFind
 
 __all__ = ["analyze", "graph_fingerprint"]
 
@@ -218,30 +219,19 @@ def _cost_key(graph: ParsedGraph, node: int, batch: BatchAnalysis, inputs: Seque
 
 
 def _colocation(graph: ParsedGraph, simplified: Simplified, position: dict[int, int]) -> np.ndarray:
-    parent = list(range(len(position)))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(a: int, b: int) -> None:
-        parent[find(a)] = find(b)
+    sets = UnionFind(len(position))
 
     for node in simplified.kept.tolist():
         for producer, slot in simplified.data_inputs[node]:
             dtype = graph.output_dtypes[producer][slot]
             if dtype == DT_RESOURCE or dtype > 100:
-                union(position[node], position[producer])
+                sets.union(position[node], position[producer])
         for location in attr_value(graph.nodes[node], "_class", []) or []:
             if location.startswith("loc:@"):
                 target = simplified.resolve(graph, location[5:])
                 if target is not None and target in position:
-                    union(position[node], position[target])
-    roots = [find(i) for i in range(len(position))]
-    _, ids = np.unique(roots, return_inverse=True)
-    return ids.astype(np.int32)
+                    sets.union(position[node], position[target])
+    return sets.labels()
 
 
 def _csr(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

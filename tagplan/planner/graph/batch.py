@@ -482,12 +482,11 @@ class _Propagator:
             perm = const_ints(self.graph, producer, slot)
             axis = perm[out_axis] if perm is not None else NO_AXIS
         elif op == "Reshape" and position == 0 and out_axis == 0 and shape:
-            axis = 0 if shape[0] % self.batch == 0 else NO_AXIS
+            # a leading batch block keeps its rows through a reshape, whatever its width
+            return 0 if shape[0] % self.batch == 0 else NO_AXIS
         else:
             return NO_AXIS
         if 0 <= axis < len(shape) and shape[axis] == out_shape[out_axis] > 1:
-            return axis
-        if op == "Reshape" and axis == 0:
             return axis
         return NO_AXIS
 

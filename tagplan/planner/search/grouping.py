@@ -27,6 +27,7 @@ import pymetis
 
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.unionfind import UnionFind
 
 __all__ = ["Grouping", "atoms_of", "group_ops"]
 
@@ -53,25 +54,13 @@ class Grouping:
         return np.flatnonzero(self.op_group == group)
 
 
-def _union_find(size: int) -> tuple[list[int], callable]:
-    parent = list(range(size))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    return parent, find
-
-
 def atoms_of(ir: GraphIR) -> np.ndarray:
     """Atom id per op: colocation classes joined with each parameter's update region."""
-    parent, find = _union_find(ir.num_ops)
+    sets = UnionFind(ir.num_ops)
     first_of_class: dict[int, int] = {}
     for op in range(ir.num_ops):
         root = first_of_class.setdefault(int(ir.colocation[op]), op)
-        parent[find(op)] = find(root)
+        sets.union(op, root)
     params = ir.parameters
     for row in range(len(params)):
         anchor = int(params.variable_op[row])
@@ -79,9 +68,8 @@ def atoms_of(ir: GraphIR) -> np.ndarray:
         members += params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]].tolist()
         members += params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]].tolist()
         for op in members:
-            parent[find(op)] = find(anchor)
-    roots = np.array([find(op) for op in range(ir.num_ops)])
-    return np.unique(roots, return_inverse=True)[1].astype(np.int32)
+            sets.union(op, anchor)
+    return sets.labels()
 
 
 def _op_edges(ir: GraphIR) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
