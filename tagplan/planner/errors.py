@@ -2,12 +2,13 @@
 
 ``InvalidInput`` means the caller sent something wrong and can fix it; ``Infeasible``
 means the input is well-formed but no answer exists (e.g. a graph that fits on no
-allocation); ``BudgetExhausted`` means the search stopped before finding any plan.
+allocation); ``BudgetExhausted`` means the search stopped before finding any plan;
+``Cancelled`` means the caller asked the planner to stop.
 """
 
 from __future__ import annotations
 
-__all__ = ["BudgetExhausted", "Infeasible", "InvalidInput", "PlannerError"]
+__all__ = ["BudgetExhausted", "Cancelled", "Infeasible", "InvalidInput", "PlannerError"]
 
 
 class PlannerError(Exception):
@@ -28,3 +29,7 @@ class Infeasible(PlannerError):
 
 class BudgetExhausted(PlannerError):
     """The search budget ran out before any feasible strategy was found."""
+
+
+class Cancelled(PlannerError):
+    """The caller's cancel check returned true; the planner stopped between iterations."""

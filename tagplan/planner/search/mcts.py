@@ -1,0 +1,329 @@
+"""Monte-Carlo tree search over op-group decisions (TAG §4.2.2).
+
+A vertex is a partial strategy: decisions for the first ``level`` op groups, taken in
+descending compute time; an edge is an :class:`~.actions.Action` for the next group.
+Each iteration
+
+1. **selects** from the root the edge of highest PUCT score
+   ``U(s, a) = Q(s, a) + c · G(s, a) · sqrt(Σ_a' N(s, a')) / (1 + N(s, a))``
+   until it leaves the expanded tree (an unvisited edge scores the mean value of its
+   vertex, "first-play urgency", so a uniform prior still explores);
+2. **evaluates** the reached vertex with the simulator: the op groups not decided yet take
+   the decision of the most expensive group (TAG §4.2.2, footnote 2); the reward is the
+   speed-up over the reference strategy (DP-NCCL), or, when a GPU runs out of memory,
+   minus the overflow as a fraction of the overflowing GPUs' capacity — worse than any
+   plan that fits, and less bad the closer it comes to fitting;
+3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``;
+4. **backs up** the reward along the path (N and the running mean Q).
+
+Strategies are evaluated once: many vertices complete to the same strategy (a decision
+equal to the inherited one), and those cost a dictionary look-up. Search stops at an
+iteration or wall-clock budget, or when ``cancel()`` returns true (then
+:class:`~tagplan.planner.errors.Cancelled`). Ties are broken by a generator seeded with
+``seed``, so a seed and an iteration budget give the same search every time; root
+parallelism (DESIGN.md §7) runs trees with different seeds, possibly on different
+workers, and :func:`best_outcome` merges them.
+
+When every strategy seen runs out of memory, :func:`make_feasible` moves op groups to
+model parallelism over every GPU, the group holding the most parameters on an
+overflowing GPU first, until the step fits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from tagplan.planner.errors import Cancelled, PlannerError
+from tagplan.planner.evaluate import Evaluation, Evaluator
+from tagplan.planner.search.actions import Action, ActionSpace
+from tagplan.planner.search.grouping import Grouping
+from tagplan.planner.search.prior import Prior, PriorQuery, UniformPrior
+from tagplan.planner.sim.simulate import SimResult
+from tagplan.planner.strategy import OpGroup, Option, Strategy, load_strategy
+
+__all__ = [
+    "SearchOutcome",
+    "SearchProgress",
+    "StrategySearch",
+    "best_outcome",
+    "make_feasible",
+]
+
+DEFAULT_C_PUCT = 1.5
+_REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    iterations: int
+    evaluations: int
+    best_step_time_s: float | None  # best that fits in memory so far
+    best_speedup: float | None  # over the reference strategy
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """The best strategy one tree found, in a form that travels as JSON between workers."""
+
+    seed: int
+    actions: tuple[int, ...]  # action index of every op group (by group id)
+    strategy_json: str
+    step_time_s: float
+    oom: bool
+    overflow_bytes: int
+    iterations: int
+    evaluations: int
+    rejected: int  # strategies the engine refused (each one is a bug to look at)
+    first_better_iteration: int | None  # first iteration that beat the reference
+    elapsed_s: float
+
+    @property
+    def strategy(self) -> Strategy:
+        return load_strategy(self.strategy_json)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SearchOutcome:
+        return cls(**{**data, "actions": tuple(data["actions"])})
+
+
+def best_outcome(outcomes: Sequence[SearchOutcome]) -> SearchOutcome:
+    """Root-parallel merge: the fastest plan that fits, else the smallest overflow."""
+    if not outcomes:
+        raise ValueError("no search outcomes to merge")
+    return min(outcomes, key=lambda o: (o.oom, o.overflow_bytes, o.step_time_s, o.seed))
+
+
+@dataclass(frozen=True)
+class _Scored:
+    step_time_s: float
+    oom: bool
+    overflow_bytes: int
+    reward: float
+    feedback: SimResult | None  # without per-task times: the cache holds many
+
+
+_NO_TASKS = np.zeros(0)
+
+
+class _Vertex:
+    """Edge statistics of one expanded vertex: visits N, reward sums W, prior G."""
+
+    __slots__ = ("children", "prior", "reward_sum", "tie_break", "visits")
+
+    def __init__(self, prior: np.ndarray, tie_break: np.ndarray) -> None:
+        self.prior = prior
+        self.visits = np.zeros(len(prior), dtype=np.int64)
+        self.reward_sum = np.zeros(len(prior))
+        self.children: dict[int, _Vertex] = {}
+        self.tie_break = tie_break
+
+    def select(self, c_puct: float) -> int:
+        total = self.visits.sum()
+        mean = self.reward_sum.sum() / total if total else 0.0
+        q = np.where(self.visits > 0, self.reward_sum / np.maximum(self.visits, 1), mean)
+        u = q + c_puct * self.prior * math.sqrt(max(total, 1)) / (1 + self.visits)
+        return int(np.argmax(u + self.tie_break))
+
+
+class StrategySearch:
+    """MCTS for one graph on one cluster (module docstring).
+
+    ``reference_step_s`` is the step time of the reference strategy (DP-NCCL) that
+    rewards are measured against.
+    """
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        grouping: Grouping,
+        space: ActionSpace,
+        *,
+        reference_step_s: float,
+        prior: Prior | None = None,
+        seed: int = 0,
+        c_puct: float = DEFAULT_C_PUCT,
+        name: str = "tagplan",
+    ) -> None:
+        self.evaluator, self.grouping, self.space = evaluator, grouping, space
+        self.reference_step_s = reference_step_s
+        self.prior = prior or UniformPrior()
+        self.seed, self.c_puct, self.name = seed, c_puct, name
+        self.order = np.argsort(-grouping.group_time_s, kind="stable").astype(np.int32)
+        ir = evaluator.ir
+        self._group_ops = [
+            [ir.op_names[o] for o in grouping.ops(g)] for g in range(grouping.num_groups)
+        ]
+        self._scores: dict[tuple[int, ...], _Scored] = {}
+        self._rng = np.random.default_rng(seed)
+        self.rejected = 0
+
+    # strategies -------------------------------------------------------------------------
+
+    def complete(self, decided: Sequence[int]) -> tuple[int, ...]:
+        """The action of every op group (by group id) for a partial decision list: undecided
+        groups inherit the most expensive group's action."""
+        full = [decided[0]] * self.grouping.num_groups
+        for position, action in enumerate(decided):
+            full[int(self.order[position])] = action
+        return tuple(full)
+
+    def strategy_of(self, key: tuple[int, ...]) -> Strategy:
+        """The strategy giving op group ``g`` the action ``key[g]``."""
+        actions = self.space.actions
+        groups = [
+            OpGroup(ops=ops, decision=self.space.decision(actions[a]))
+            for ops, a in zip(self._group_ops, key, strict=True)
+        ]
+        return Strategy(name=self.name, groups=groups)
+
+    def score(self, key: tuple[int, ...]) -> _Scored:
+        """Simulate the strategy of ``key`` once; later calls hit the cache."""
+        found = self._scores.get(key)
+        if found is None:
+            found = self._scores[key] = self._simulate(key)
+        return found
+
+    def _simulate(self, key: tuple[int, ...]) -> _Scored:
+        try:
+            result = self.evaluator.evaluate(self.strategy_of(key)).result
+        except PlannerError:
+            self.rejected += 1
+            return _Scored(math.inf, True, 0, _REJECTED_REWARD, None)
+        overflow = int(result.overflow_bytes.sum())
+        if result.oom:
+            over = result.overflow_bytes > 0
+            capacity = float(self.evaluator.cluster.device_memory_bytes[over].sum())
+            reward = -overflow / max(capacity, 1.0)
+        else:
+            reward = self.reference_step_s / max(result.step_time_s, 1e-12)
+        slim = replace(result, start_s=_NO_TASKS, finish_s=_NO_TASKS)
+        return _Scored(result.step_time_s, bool(result.oom), overflow, reward, slim)
+
+    def _expand(self, decided: tuple[int, ...], feedback: SimResult | None) -> _Vertex:
+        query = PriorQuery(
+            order=self.order,
+            level=len(decided),
+            decided=decided,
+            actions=self.space.actions,
+            feedback=feedback,
+        )
+        prior = np.asarray(self.prior.probabilities(query), dtype=np.float64)
+        if prior.shape != (len(self.space),) or not np.isclose(prior.sum(), 1.0):
+            raise ValueError("a prior must give one probability per action, summing to 1")
+        return _Vertex(prior, self._rng.random(len(prior)) * 1e-9)
+
+    # the search ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        iterations: int | None = None,
+        budget_s: float | None = None,
+        progress: Callable[[SearchProgress], None] | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> SearchOutcome:
+        """Search until ``iterations`` or ``budget_s`` runs out (at least one is required)."""
+        if iterations is None and budget_s is None:
+            raise ValueError("give an iteration or a time budget")
+        started = time.perf_counter()
+        deadline = started + budget_s if budget_s is not None else math.inf
+        levels = self.grouping.num_groups
+        root = self._expand((), None)
+        best_key: tuple[int, ...] | None = None
+        first_better: int | None = None
+        done = 0
+        while (iterations is None or done < iterations) and time.perf_counter() < deadline:
+            if cancel is not None and cancel():
+                raise Cancelled("planning was cancelled")
+            vertex, path, decided = root, [], []
+            while True:
+                action = vertex.select(self.c_puct)
+                path.append((vertex, action))
+                decided.append(action)
+                child = vertex.children.get(action)
+                if child is None or len(decided) == levels:
+                    break
+                vertex = child
+            key = self.complete(decided)
+            scored = self.score(key)
+            if child is None and len(decided) < levels:
+                vertex.children[action] = self._expand(tuple(decided), scored.feedback)
+            for node, edge in path:
+                node.visits[edge] += 1
+                node.reward_sum[edge] += scored.reward
+            done += 1
+            if best_key is None or self._better(key, best_key):
+                best_key = key
+            if (
+                first_better is None
+                and not scored.oom
+                and scored.step_time_s < self.reference_step_s
+            ):
+                first_better = done
+            if progress is not None:
+                progress(self._progress(done, best_key, started))
+        if best_key is None:
+            raise ValueError("the budget allowed no iteration")
+        best = self._scores[best_key]
+        return SearchOutcome(
+            seed=self.seed,
+            actions=best_key,
+            strategy_json=self.strategy_of(best_key).to_json(),
+            step_time_s=best.step_time_s,
+            oom=best.oom,
+            overflow_bytes=best.overflow_bytes,
+            iterations=done,
+            evaluations=len(self._scores),
+            rejected=self.rejected,
+            first_better_iteration=first_better,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _better(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
+        a, b = self._scores[key], self._scores[than]
+        return (a.oom, a.overflow_bytes, a.step_time_s) < (b.oom, b.overflow_bytes, b.step_time_s)
+
+    def _progress(self, done: int, best_key: tuple[int, ...], started: float) -> SearchProgress:
+        best = self._scores[best_key]
+        fits = not best.oom
+        return SearchProgress(
+            iterations=done,
+            evaluations=len(self._scores),
+            best_step_time_s=best.step_time_s if fits else None,
+            best_speedup=self.reference_step_s / best.step_time_s if fits else None,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+
+def make_feasible(
+    search: StrategySearch, key: tuple[int, ...]
+) -> tuple[tuple[int, ...], Evaluation]:
+    """Turn op groups of ``key`` to model parallelism over every device group, most
+    parameter bytes first among the groups that use an overflowing GPU, until the step
+    fits or every group is model-parallel. Returns the last key and its evaluation."""
+    spread = Action(tuple(range(search.evaluator.cluster.num_groups)), Option.MODEL_PARALLEL)
+    if spread not in search.space.actions:
+        raise ValueError("the action space lacks model parallelism over every device group")
+    spread_index = search.space.actions.index(spread)
+    params = search.grouping.group_param_bytes
+    current = list(key)
+    while True:
+        evaluation = search.evaluator.evaluate(search.strategy_of(tuple(current)))
+        result = evaluation.result
+        movable = [g for g, a in enumerate(current) if a != spread_index]
+        if not result.oom or not movable:
+            return tuple(current), evaluation
+        over = np.flatnonzero(result.overflow_bytes > 0)
+        on_overflow = [
+            g for g in movable if np.intersect1d(evaluation.resolved.devices(g), over).size
+        ]
+        current[max(on_overflow or movable, key=lambda g: (params[g], -g))] = spread_index

@@ -1,0 +1,49 @@
+"""Prior probabilities over a level's actions (TAG §4.2.2's G(s, a)).
+
+The search asks a :class:`Prior` for the probabilities of the candidate actions of the
+next op group given the decisions made so far and the runtime feedback of the partial
+strategy's simulation. :class:`UniformPrior` is TAG's "Pure MCTS" (Table 7); the GNN
+(``tagplan.gnn``) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from tagplan.planner.search.actions import Action
+from tagplan.planner.sim.simulate import SimResult
+
+__all__ = ["Prior", "PriorQuery", "UniformPrior"]
+
+
+@dataclass(frozen=True, eq=False)
+class PriorQuery:
+    """What a prior sees when asked for one level (TAG Table 1's search progress).
+
+    ``decided[k]`` is the action index chosen for ``order[k]`` (k < ``level``); the
+    next op group to decide is ``order[level]``. ``feedback`` is the simulation of the
+    partial strategy the vertex stands for (``None`` at the root).
+    """
+
+    order: np.ndarray  # int32: op groups in descending compute time
+    level: int
+    decided: tuple[int, ...]
+    actions: tuple[Action, ...]
+    feedback: SimResult | None
+
+
+class Prior(Protocol):
+    def probabilities(self, query: PriorQuery) -> np.ndarray:
+        """A probability per action of ``query.actions`` (non-negative, summing to 1)."""
+        ...
+
+
+class UniformPrior:
+    """Every candidate equally likely: MCTS without learned guidance."""
+
+    def probabilities(self, query: PriorQuery) -> np.ndarray:
+        n = len(query.actions)
+        return np.full(n, 1.0 / n)
