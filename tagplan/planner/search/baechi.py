@@ -1,8 +1,8 @@
 """Baechi's memory-constrained model-parallel placers (papers/baechi.md §2), as baselines.
 
-Both place *co-placement units* (Baechi §3.2: ops TensorFlow colocates — a variable with
+All three place *co-placement units* (Baechi §3.2: ops TensorFlow colocates — a variable with
 its reads and updates — move together; here also a parameter with its optimizer slots and
-update region) and both are heterogeneity-aware in compute time:
+update region) and all are heterogeneity-aware in compute time:
 
 * **m-TOPO** (§2.2): units in topological order fill the GPUs one after another; each
   GPU takes up to its share of the total memory — Baechi's cap Σ m / n + max m, with the
@@ -11,7 +11,10 @@ update region) and both are heterogeneity-aware in compute time:
   earliest — its inputs transferred (latency + bytes / bandwidth of the path), the GPU
   free, then its own compute time on that GPU (earliest start is ETF's rule; finishing
   time is its form for GPUs of different speed) — among the GPUs with memory left for
-  its unit.
+  its unit;
+* **m-SCT** (§2.4): SCT's favourite children from the LP relaxation of its ILP, then
+  list scheduling that keeps a favourite child on its parent's GPU when that GPU is
+  free for it and otherwise prefers urgent ops, GPUs out of memory excluded.
 
 Memory per unit is what Baechi charges: the variables it holds plus the outputs of its
 ops. The result is a ``model-parallel`` strategy with every op placed.
@@ -22,15 +25,17 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
+import pulp
 
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, op_memory
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.grouping import atoms_of
 from tagplan.planner.strategy import GroupDecision, Option, Strategy
 from tagplan.planner.topology import Cluster
 
-__all__ = ["m_etf", "m_topo"]
+__all__ = ["favourite_children", "m_etf", "m_sct", "m_topo", "sct_schedule"]
 
 
 def _device_times(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
@@ -142,3 +147,285 @@ def m_etf(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
             if waiting[consumer] == 0:
                 heapq.heappush(ready, (float(finish[op]), consumer))
     return _strategy(ir, cluster, device_of_op, "m-etf")
+
+
+# --------------------------------------------------------------------------- m-SCT
+
+
+def _op_dag(ir: GraphIR) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct op-to-op edges: (src, dst, bytes summed over the tensors, carries data)."""
+    counts = np.diff(ir.tensor_consumer_ptr)
+    data_src = np.repeat(ir.tensor_producer, counts).astype(np.int64)
+    data_dst = ir.tensor_consumer_op.astype(np.int64)
+    data_bytes = np.repeat(ir.tensor_bytes, counts).astype(np.float64)
+    control_dst = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
+    src = np.concatenate([data_src, ir.control_pred.astype(np.int64)])
+    dst = np.concatenate([data_dst, control_dst.astype(np.int64)])
+    nbytes = np.concatenate([data_bytes, np.zeros(len(control_dst))])
+    data = np.concatenate([np.ones(len(data_src), bool), np.zeros(len(control_dst), bool)])
+    keep = src != dst
+    key = src[keep] * ir.num_ops + dst[keep]
+    unique, index = np.unique(key, return_inverse=True)
+    summed = np.bincount(index, weights=nbytes[keep], minlength=len(unique))
+    carries = np.bincount(index, weights=data[keep], minlength=len(unique)) > 0
+    return unique // ir.num_ops, unique % ir.num_ops, summed, carries
+
+
+def favourite_children(
+    num_ops: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    compute_s: np.ndarray,
+    comm_s: np.ndarray,
+    *,
+    eligible: np.ndarray | None = None,
+    threshold: float = 0.1,
+) -> np.ndarray:
+    """Each op's favourite child from the LP relaxation of SCT's ILP (Baechi §2.4, eq. 2).
+
+    Over the DAG's edges i -> j with compute times p and communication times c:
+
+    .. math::
+
+        \\min w \\;\\text{s.t.}\\; s_j \\ge s_i + p_i + c_{ij} x_{ij},\\;
+        s_i + p_i \\le w,\\; \\sum_j x_{ij} \\ge d^+(i) - 1,\\;
+        \\sum_i x_{ij} \\ge d^-(j) - 1,\\; 0 \\le x \\le 1,\\; s \\ge 0
+
+    ``x_ij = 0`` means j is i's favourite child (it runs on i's device, so the edge costs
+    nothing); the two degree constraints allow at most one favourite child per op and
+    one favourite parent per op. The relaxed ``x`` is rounded with Baechi's threshold
+    (§4, "LP Modifications": an edge is a favourite when ``x < threshold``, 0.1 in
+    practice, which leaves almost no op with two); any op still left with two
+    favourite children, or two favourite parents, keeps the edge with the smallest
+    ``x`` (then the first). Edges not ``eligible`` (ops that share a device anyway) are
+    never favourites. Solved with CBC through PuLP, in microseconds.
+
+    Returns the favourite child of every op, ``-1`` for none.
+
+    Shapes: ``src``, ``dst``, ``comm_s``, ``eligible``: (|E|,); ``compute_s``: (num_ops,).
+
+    >>> favourite_children(3, np.array([0, 0]), np.array([1, 2]),
+    ...                    np.array([1.0, 1.0, 3.0]), np.array([1.0, 1.0])).tolist()
+    [2, -1, -1]
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    favourite = np.full(num_ops, -1, dtype=np.int64)
+    if len(src) == 0:
+        return favourite
+    eligible = np.ones(len(src), bool) if eligible is None else np.asarray(eligible, bool)
+    scale = 1e6  # seconds -> microseconds keeps the LP away from CBC's tolerances
+    p = np.asarray(compute_s, dtype=np.float64) * scale
+    c = np.asarray(comm_s, dtype=np.float64) * scale
+    problem = pulp.LpProblem("sct_favourite_child", pulp.LpMinimize)
+    makespan = pulp.LpVariable("w", lowBound=0)
+    start = [pulp.LpVariable(f"s{i}", lowBound=0) for i in range(num_ops)]
+    x = [
+        pulp.LpVariable(f"x{e}", lowBound=0 if eligible[e] else 1, upBound=1)
+        for e in range(len(src))
+    ]
+    problem += makespan
+    for e, (i, j) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+        problem += start[j] - start[i] - float(c[e]) * x[e] >= float(p[i])
+    for i in range(num_ops):
+        problem += start[i] - makespan <= -float(p[i])
+    for ends in (src, dst):
+        order = np.argsort(ends, kind="stable")
+        bounds = np.searchsorted(ends[order], np.arange(num_ops + 1))
+        for op in range(num_ops):
+            edges = order[bounds[op] : bounds[op + 1]]
+            if len(edges) > 1:
+                problem += pulp.lpSum(x[e] for e in edges.tolist()) >= len(edges) - 1
+    problem.solve(_cbc())
+    if pulp.LpStatus[problem.status] != "Optimal":
+        raise InvalidInput(f"SCT's favourite-child LP: {pulp.LpStatus[problem.status]}")
+    value = np.array([xe.value() or 0.0 for xe in x])
+    parent = np.full(num_ops, -1, dtype=np.int64)
+    # smallest x first, so conflicts keep the LP's clearest choice
+    for e in np.lexsort((np.arange(len(src)), value)).tolist():
+        if value[e] >= threshold or not eligible[e]:
+            break
+        i, j = int(src[e]), int(dst[e])
+        if favourite[i] < 0 and parent[j] < 0:
+            favourite[i], parent[j] = j, i
+    return favourite
+
+
+def _cbc() -> pulp.LpSolver:
+    return pulp.COIN_CMD(msg=False) if pulp.COIN_CMD().available() else pulp.PULP_CBC_CMD(msg=False)
+
+
+def sct_schedule(
+    times: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    nbytes: np.ndarray,
+    *,
+    latency_s: np.ndarray,
+    bandwidth_bytes_per_s: np.ndarray,
+    favourite: np.ndarray,
+    units: np.ndarray,
+    unit_memory: np.ndarray,
+    capacity: np.ndarray,
+) -> np.ndarray:
+    """SCT's list scheduling for a finite number of devices with Baechi's memory rule
+    (Baechi §2.4), over co-placement units (§3.1–3.2); returns each op's device.
+
+    Time advances from event to event (a device frees up, data arrives). A free device
+    whose last op's favourite child is ready, and gets its data there first, is *awake*:
+    it runs the favourite child as soon as its inputs are there, and meanwhile only an
+    *urgent* op (one whose inputs are on every device it may use, so it can begin right
+    away anywhere); otherwise it takes a ready op whose inputs are there, urgent ones
+    first, then the earliest arrived. For GPUs of different speed a non-favourite op is
+    only taken by a device on which it finishes no later than on any other (ETF's
+    earliest-start rule in its finishing-time form, as in :func:`m_etf`). The first op
+    of a unit pins the unit to its device and reserves the unit's memory; a device
+    without room for a unit is excluded for it (m-SCT's rule: a full device takes no
+    more placements); when no device has room the one with the most left takes it.
+
+    Edge e's data goes from device a to b in ``latency_s[a, b] + nbytes[e] /
+    bandwidth_bytes_per_s[a, b]`` (nothing on one device; ``nbytes`` is NaN for a
+    control edge, which carries no data).
+
+    Shapes: ``times``: (|D|, |V|) seconds; ``src``, ``dst``, ``nbytes``: (|E|,);
+    ``latency_s``, ``bandwidth_bytes_per_s``: (|D|, |D|); ``favourite``, ``units``: (|V|,);
+    ``unit_memory``: (num_units,); ``capacity``: (|D|,) bytes.
+    """
+    num_devices, num_ops = times.shape
+    preds: list[list[int]] = [[] for _ in range(num_ops)]  # edge ids into each op
+    succs: list[list[int]] = [[] for _ in range(num_ops)]
+    for e, (i, j) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+        preds[j].append(e)
+        succs[i].append(e)
+    waiting = np.array([len(p) for p in preds], dtype=np.int64)
+    arrival = np.full((num_ops, num_devices), np.inf)
+    finish = np.zeros(num_ops)
+    device_of_op = np.full(num_ops, -1, dtype=np.int64)
+    device_of_unit = np.full(len(unit_memory), -1, dtype=np.int64)
+    used = np.zeros(num_devices)
+    free_at = np.zeros(num_devices)
+    last_op = np.full(num_devices, -1, dtype=np.int64)
+    # faster devices look first, so ties go to them
+    device_order = np.lexsort((np.arange(num_devices), times.sum(axis=1))).tolist()
+    ready: list[int] = []
+
+    def make_ready(op: int) -> None:
+        row = np.zeros(num_devices)
+        for e in preds[op]:
+            i = int(src[e])
+            a = device_of_op[i]
+            if np.isnan(nbytes[e]):
+                row = np.maximum(row, finish[i])
+            else:
+                transfer = latency_s[a] + nbytes[e] / bandwidth_bytes_per_s[a]
+                transfer[a] = 0.0
+                row = np.maximum(row, finish[i] + transfer)
+        arrival[op] = row
+        ready.append(op)
+
+    for op in np.flatnonzero(waiting == 0).tolist():
+        make_ready(op)
+    t = 0.0
+    relaxed = False  # set only if no rule lets any device move (never expected)
+    while ready:
+        ops = np.array(ready, dtype=np.int64)
+        unit_of = units[ops]
+        pinned = device_of_unit[unit_of]
+        fits = used[None, :] + unit_memory[unit_of][:, None] <= capacity[None, :]
+        roomiest = np.argmax(capacity - used)
+        fits[~fits.any(axis=1), roomiest] = True
+        allowed = np.where(
+            (pinned >= 0)[:, None], np.arange(num_devices)[None, :] == pinned[:, None], fits
+        )
+        here = arrival[ops]
+        urgent = np.where(allowed, here, -np.inf).max(axis=1)
+        begin = np.maximum(np.maximum(here, free_at[None, :]), t)
+        end = np.where(allowed, begin + times[:, ops].T, np.inf)
+        best_end = end.min(axis=1)
+        position = {op: k for k, op in enumerate(ops.tolist())}
+        chosen = None
+        for d in device_order:
+            if free_at[d] > t:
+                continue
+            arrived = allowed[:, d] & (here[:, d] <= t)
+            child = int(favourite[last_op[d]]) if last_op[d] >= 0 else -1
+            k = position.get(child, -1)
+            awake = k >= 0 and allowed[k, d] and here[k, d] <= here[k][allowed[k]].min()
+            if awake and arrived[k]:
+                chosen = (child, d)
+                break
+            tol = 1e-12 + 1e-9 * np.abs(best_end)
+            fine = arrived & ((t + times[d, ops] <= best_end + tol) | relaxed)
+            if awake and not relaxed:
+                fine &= urgent <= t
+            if fine.any():
+                candidates = np.flatnonzero(fine)
+                rank = np.lexsort((ops[candidates], here[candidates, d], urgent[candidates] > t))
+                chosen = (int(ops[candidates[rank[0]]]), d)
+                break
+        if chosen is None:
+            later = np.concatenate([free_at[free_at > t], here[allowed & (here > t)]])
+            if len(later):
+                t, relaxed = float(later.min()), False
+            else:
+                relaxed = True
+            continue
+        op, d = chosen
+        ready.remove(op)
+        unit = int(units[op])
+        if device_of_unit[unit] < 0:
+            device_of_unit[unit] = d
+            used[d] += unit_memory[unit]
+        device_of_op[op] = d
+        finish[op] = t + times[d, op]
+        free_at[d] = finish[op]
+        last_op[d] = op
+        relaxed = False
+        for e in succs[op]:
+            j = int(dst[e])
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                make_ready(j)
+    return device_of_op
+
+
+def m_sct(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """Baechi §2.4's m-SCT over ops, with units kept together.
+
+    The favourite-child LP (:func:`favourite_children`) uses each op's mean time over
+    the GPUs and each edge's transfer over the slowest link between two GPUs (SCT
+    assumes one delay per edge: the largest latency plus the bytes over the smallest
+    bandwidth); list scheduling (:func:`sct_schedule`) then uses the
+    real times on each GPU and the real path between each pair.
+    """
+    units = atoms_of(ir)
+    memory = _unit_memory(ir, units)
+    times = _device_times(ir, cluster, costs)
+    src, dst, nbytes, data = _op_dag(ir)
+    latency, bandwidth = cluster.latency_s, cluster.bandwidth_bytes_per_s
+    off_diagonal = ~np.eye(cluster.num_devices, dtype=bool)
+    if off_diagonal.any():  # the slowest link between two GPUs
+        worst = latency[off_diagonal].max() + nbytes / bandwidth[off_diagonal].min()
+    else:
+        worst = np.zeros(len(src))
+    favourite = favourite_children(
+        ir.num_ops,
+        src,
+        dst,
+        times.mean(axis=0),
+        np.where(data, worst, 0.0),
+        eligible=units[src] != units[dst],
+    )
+    device_of_op = sct_schedule(
+        times,
+        src,
+        dst,
+        np.where(data, nbytes, np.nan),
+        latency_s=latency,
+        bandwidth_bytes_per_s=bandwidth,
+        favourite=favourite,
+        units=units,
+        unit_memory=memory,
+        capacity=_capacity(cluster),
+    )
+    return _strategy(ir, cluster, device_of_op, "m-sct")

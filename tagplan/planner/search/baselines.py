@@ -10,7 +10,7 @@ of the same kind the search produces, so one compiler and one simulator judge th
   as a parameter server;
 * ``horovod``: data parallelism with AllReduce fused into 64 MiB buckets that overlap the
   backward pass, hierarchical where it is faster (Horovod's tensor fusion);
-* ``m-topo``, ``m-etf``: Baechi's memory-constrained model parallelism (:mod:`.baechi`).
+* ``m-topo``, ``m-etf``, ``m-sct``: Baechi's memory-constrained model parallelism (:mod:`.baechi`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, single_device_p
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.search.baechi import m_etf, m_topo
+from tagplan.planner.search.baechi import m_etf, m_sct, m_topo
 from tagplan.planner.strategy import (
     Collective,
     GradientSync,
@@ -136,6 +136,7 @@ BASELINES: dict[str, Callable[[GraphIR, Cluster, OpCostModel], Strategy]] = {
     "horovod": horovod,
     "m-topo": m_topo,
     "m-etf": m_etf,
+    "m-sct": m_sct,
 }
 
 
