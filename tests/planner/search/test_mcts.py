@@ -1,0 +1,197 @@
+"""MCTS (TAG §4.2.2): PUCT selection, inheritance, rewards, determinism, budgets,
+cancellation, root-parallel merge and the repair of plans that do not fit."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+
+from tagplan.planner.errors import Cancelled
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.search.actions import Action, ActionSpace
+from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.search.grouping import group_ops
+from tagplan.planner.search.mcts import (
+    SearchOutcome,
+    StrategySearch,
+    _Vertex,
+    best_outcome,
+    make_feasible,
+)
+from tagplan.planner.search.prior import PriorQuery
+from tagplan.planner.strategy import Option
+from tagplan.planner.topology import load_cluster
+
+
+@cache
+def zoo(name: str):
+    source = load_graph_source(f"zoo:{name}")
+    return analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+
+
+def make_search(model: str, cluster, *, seed: int = 0, prior=None) -> StrategySearch:
+    ir = zoo(model)
+    evaluator = Evaluator(ir, cluster)
+    reference = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    grouping = group_ops(ir, evaluator.costs.op_times("V100-32GB", ir.batch_size).seconds)
+    space = ActionSpace(ir, cluster, evaluator.costs)
+    return StrategySearch(
+        evaluator,
+        grouping,
+        space,
+        reference_step_s=evaluator.evaluate(reference).step_time_s,
+        seed=seed,
+        prior=prior,
+    )
+
+
+def test_puct_prefers_the_higher_score_by_hand() -> None:
+    vertex = _Vertex(np.array([0.5, 0.3, 0.2]), np.zeros(3))
+    vertex.visits[:] = [3, 1, 0]
+    vertex.reward_sum[:] = [3.0, 1.5, 0.0]
+    # Q = [1.0, 1.5, mean 1.125]; U = Q + 1.5 * G * sqrt(4) / (1 + N)
+    u = [1.0 + 1.5 * 0.5 * 2 / 4, 1.5 + 1.5 * 0.3 * 2 / 2, 1.125 + 1.5 * 0.2 * 2 / 1]
+    assert vertex.select(1.5) == int(np.argmax(u)) == 1
+    # with a large exploration coefficient the unvisited, well-prior'd edge wins
+    assert vertex.select(100.0) == 2
+
+
+def test_undecided_groups_inherit_the_most_expensive_groups_action() -> None:
+    search = make_search("mlp", load_cluster("testbed"))
+    first, second = int(search.order[0]), int(search.order[1])
+    key = search.complete([7, 3])
+    assert key[first] == 7 and key[second] == 3
+    assert all(a == 7 for g, a in enumerate(key) if g not in (first, second))
+
+
+def test_rewards_are_speedups_and_overflow_is_penalized_by_its_size() -> None:
+    search = make_search("vgg19", load_cluster("testbed"))
+    everywhere = search.space.actions.index(Action(tuple(range(7)), Option.REPLICATE_ALLREDUCE))
+    scored = search.score(search.complete([everywhere]))
+    assert not scored.oom
+    assert scored.reward == pytest.approx(search.reference_step_s / scored.step_time_s)
+    tiny = load_cluster(
+        {
+            "gpu_types": [
+                {
+                    "name": "TINY",
+                    "fp32_tflops": 10,
+                    "memory_bandwidth_gb_per_s": 500,
+                    "memory_gib": 1,
+                }
+            ],
+            "machines": [
+                {"name": "m", "gpus": {"type": "TINY", "count": 2}, "intra_bandwidth_gbps": 100}
+            ],
+        }
+    )
+    small = make_search("vgg19", tiny)
+    scored = small.score(small.complete([0]))
+    assert scored.oom and scored.reward < 0
+    overflow = scored.feedback.overflow_bytes
+    capacity = tiny.device_memory_bytes[overflow > 0].sum()
+    assert scored.reward == pytest.approx(-overflow.sum() / capacity)
+
+
+def test_a_seed_and_an_iteration_budget_give_the_same_search() -> None:
+    cluster = load_cluster("testbed")
+    a = make_search("vgg19", cluster, seed=3).run(iterations=25, budget_s=600)
+    b = make_search("vgg19", cluster, seed=3).run(iterations=25, budget_s=600)
+    assert a.actions == b.actions and a.step_time_s == b.step_time_s
+    assert a.iterations == 25
+    assert SearchOutcome.from_dict(a.to_dict()) == a
+
+
+def test_the_search_beats_dp_nccl_on_the_heterogeneous_testbed() -> None:
+    search = make_search("vgg19", load_cluster("testbed"))
+    outcome = search.run(iterations=60, budget_s=600)
+    assert not outcome.oom
+    assert outcome.step_time_s < search.reference_step_s
+    assert outcome.first_better_iteration is not None
+    assert outcome.first_better_iteration <= outcome.iterations
+    # the returned strategy simulates to the reported step
+    again = search.evaluator.evaluate(outcome.strategy)
+    assert again.step_time_s == pytest.approx(outcome.step_time_s)
+
+
+def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
+    seen: list[PriorQuery] = []
+
+    class Recording:
+        def probabilities(self, query: PriorQuery) -> np.ndarray:
+            seen.append(query)
+            return np.full(len(query.actions), 1.0 / len(query.actions))
+
+    search = make_search("mlp", load_cluster("testbed"), prior=Recording())
+    outcome = search.run(iterations=10, budget_s=600)
+    assert seen[0].level == 0 and seen[0].feedback is None
+    assert all(q.level == len(q.decided) for q in seen)
+    # every iteration below the last level expands exactly one vertex
+    assert len(seen) == 1 + outcome.iterations
+    assert all(q.feedback is not None for q in seen[1:])
+
+
+def test_cancellation_and_progress() -> None:
+    search = make_search("mlp", load_cluster("testbed"))
+    calls = []
+    with pytest.raises(Cancelled):
+        search.run(iterations=100, progress=calls.append, cancel=lambda: len(calls) >= 3)
+    assert [p.iterations for p in calls] == [1, 2, 3]
+    with pytest.raises(ValueError, match="budget"):
+        search.run()
+
+
+def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
+    def outcome(seed: int, step: float, oom: bool, overflow: int = 0) -> SearchOutcome:
+        return SearchOutcome(seed, (0,), "{}", step, oom, overflow, 1, 1, 0, None, 0.0)
+
+    merged = best_outcome(
+        [outcome(0, 2.0, False), outcome(1, 1.0, True, 5), outcome(2, 1.5, False)]
+    )
+    assert merged.seed == 2
+    assert best_outcome([outcome(0, 1.0, True, 9), outcome(1, 3.0, True, 4)]).seed == 1
+
+
+def test_more_model_parallelism_until_the_step_fits() -> None:
+    source = load_graph_source("zoo:bert_small")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=2)
+    # two machines of two 1.2 GiB GPUs: replicas hold every parameter and its Adam slots
+    # (1.25 GiB with the reserve) and overflow; split over the GPUs the step fits
+    cluster = load_cluster(
+        {
+            "gpu_types": [
+                {
+                    "name": "SMALL",
+                    "fp32_tflops": 10,
+                    "memory_bandwidth_gb_per_s": 500,
+                    "memory_gib": 1.2,
+                }
+            ],
+            "machines": [
+                {
+                    "name": f"m{i}",
+                    "gpus": {"type": "SMALL", "count": 2},
+                    "intra_bandwidth_gbps": 100,
+                }
+                for i in range(2)
+            ],
+            "network": {"bandwidth_gbps": 25},
+        }
+    )
+    evaluator = Evaluator(ir, cluster)
+    grouping = group_ops(ir, evaluator.costs.op_times("SMALL", ir.batch_size).seconds)
+    space = ActionSpace(ir, cluster, evaluator.costs)
+    search = StrategySearch(evaluator, grouping, space, reference_step_s=1.0)
+    everywhere = space.actions.index(Action((0, 1), Option.REPLICATE_ALLREDUCE))
+    start = search.complete([everywhere])
+    assert search.score(start).oom
+    key, evaluation = make_feasible(search, start)
+    assert not evaluation.result.oom
+    spread = space.actions.index(Action((0, 1), Option.MODEL_PARALLEL))
+    assert spread in key
+    assert math.isfinite(evaluation.step_time_s)
