@@ -47,6 +47,7 @@ def test_mixed_gpu_replicas_get_speed_proportional_shares() -> None:
                 },
                 {"name": "b", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
             ],
+            "network": {"bandwidth_gbps": 10},
         }
     )
     costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
