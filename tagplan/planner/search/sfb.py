@@ -16,21 +16,30 @@ T_i is op i's time on the replica, L_ji the bytes of tensor (j, i) on one replic
 batch slice is 1/D of the tensor; a tensor every replica already has in full costs
 nothing to broadcast), L_gl the gradient's bytes and τ the bottleneck bandwidth among
 the D replica GPUs. Solved with CBC through PuLP, in bytes and seconds.
+
+:func:`apply_sfb` runs the ILP for every gradient a strategy synchronizes and keeps the
+answers only when the simulator confirms the step is no slower.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pulp
 
+from tagplan.planner.compile.placement import batch_slices, place
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import Mode, Option, Strategy, resolve
+from tagplan.planner.topology import Cluster
 
-__all__ = ["SfbDecision", "solve_sfb"]
+__all__ = ["SfbDecision", "apply_sfb", "solve_sfb"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +50,15 @@ class SfbDecision:
     duplicate_ops: tuple[str, ...]  # empty when synchronizing is cheaper
     saving_s: float  # objective improvement over plain synchronization (>= 0)
     solve_time_s: float
+    applied: bool = False  # the strategy apply_sfb returns duplicates these ops
 
 
-def _neighbourhood(ir: GraphIR, gradient_op: int, depth: int) -> list[int]:
+def _neighbourhood(
+    ir: GraphIR, gradient_op: int, depth: int, allowed: np.ndarray | None = None
+) -> list[int]:
     """Ancestors of the gradient's producer within ``depth`` data edges (and itself),
-    leaving out ops without inputs (batch inputs, constants) and stateful ops."""
+    leaving out ops without inputs (batch inputs, constants), stateful ops and ops not
+    ``allowed`` (the search does not go past them)."""
     found = {gradient_op}
     frontier = [gradient_op]
     for _ in range(depth):
@@ -55,6 +68,7 @@ def _neighbourhood(ir: GraphIR, gradient_op: int, depth: int) -> list[int]:
                 producer = int(ir.tensor_producer[tensor])
                 # inputs arrive split and variables are where they are: never duplicated
                 source = len(ir.inputs(producer)) == 0 or bool(ir.stateful[producer])
+                source = source or (allowed is not None and not allowed[producer])
                 if producer not in found and not source:
                     found.add(producer)
                     nxt.append(producer)
@@ -70,10 +84,12 @@ def solve_sfb(
     op_time_s: np.ndarray,
     bandwidth_bytes_per_s: float,
     depth: int = 3,
+    allowed: np.ndarray | None = None,
 ) -> SfbDecision:
     """TAG's SFB ILP for row ``parameter`` of ``ir.parameters`` on ``replicas`` GPUs.
 
-    ``op_time_s`` is each op's time on one replica (its local batch).
+    ``op_time_s`` is each op's time on one replica (its local batch); ``allowed`` (bool
+    per op, default all) marks the ops that may be duplicated.
     """
     if replicas < 2:
         raise InvalidInput("sufficient-factor broadcast needs at least two replicas")
@@ -83,7 +99,7 @@ def solve_sfb(
     params = ir.parameters
     gradient = int(params.gradient_tensor[parameter])
     g = int(ir.tensor_producer[gradient])
-    ops = _neighbourhood(ir, g, depth)
+    ops = _neighbourhood(ir, g, depth, allowed)
     inside = set(ops)
     d, tau = replicas, bandwidth_bytes_per_s
     problem = pulp.LpProblem("sfb", pulp.LpMinimize)
@@ -125,3 +141,123 @@ def solve_sfb(
         saving_s=max(0.0, -value),
         solve_time_s=time.perf_counter() - started,
     )
+
+
+def _synchronized_gradients(
+    ir: GraphIR, strategy: Strategy, cluster: Cluster, costs: OpCostModel
+) -> list[tuple[int, np.ndarray, int, np.ndarray]]:
+    """Every gradient the strategy synchronizes across two or more GPUs, largest first:
+    (parameter row, the GPUs, the largest local batch, ops that may be duplicated with
+    it).
+
+    A gradient is synchronized when its producer runs split over the replicas of a
+    ``replicate-allreduce`` or ``replicate-ps`` group on two or more GPUs. The compiler
+    duplicates an SFB op on the GPUs of its own group, but keeps parameter state (a
+    variable, its slots and update region, and the ops colocated with a variable) where
+    the synchronization puts it; so the ops that may join a gradient's subgraph are the
+    other ops of replicated groups on the same GPUs.
+    """
+    resolved = resolve(strategy, ir, cluster, op_work=costs.work.flops)
+    placement = place(ir, resolved)
+    replicated = np.array(
+        [
+            resolved.option(group) in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS)
+            for group in range(resolved.num_groups)
+        ]
+    )
+    gpus_of_group: list[frozenset[int]] = []
+    for group in range(resolved.num_groups):
+        devices, weights = resolved.replicas(group)
+        rows = np.diff(batch_slices(weights, ir.batch_size)) > 0
+        gpus_of_group.append(frozenset(devices[rows].tolist()))
+    params = ir.parameters
+    state = np.zeros(ir.num_ops, dtype=bool)
+    for row in range(len(params)):
+        state[params.variable_op[row]] = state[params.apply_op[row]] = True
+        state[params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]]] = True
+        state[params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]]] = True
+    state |= np.isin(ir.colocation, ir.colocation[ir.variable_bytes > 0])
+    op_gpus = [gpus_of_group[int(group)] for group in resolved.op_group]
+    found = []
+    for row in np.argsort(-params.gradient_bytes, kind="stable").tolist():
+        tensor = int(params.gradient_tensor[row])
+        if tensor < 0:
+            continue
+        g = int(ir.tensor_producer[tensor])
+        group = int(resolved.op_group[g])
+        gpus = gpus_of_group[group]
+        if placement.op_mode[g] != Mode.SPLIT or len(gpus) < 2 or not replicated[group]:
+            continue
+        allowed = replicated[resolved.op_group] & ~state
+        allowed &= np.array([same == gpus for same in op_gpus])
+        local = max(placement.local_batch(i) for i in placement.instances(g))
+        found.append((row, np.array(sorted(gpus)), local, allowed))
+    return found
+
+
+def apply_sfb(
+    strategy: Strategy,
+    ir: GraphIR,
+    cluster: Cluster,
+    costs: OpCostModel,
+    comm: CommModel | None = None,
+    *,
+    depth: int = 3,
+    time_budget_s: float | None = None,
+) -> tuple[Strategy, list[SfbDecision]]:
+    """Decide sufficient-factor broadcast for every gradient ``strategy`` synchronizes
+    (TAG §4.2.3: "double checking opportunities of applying SFB on op groups for which
+    MCTS has produced a replication option").
+
+    For each parameter whose gradient runs split over two or more GPUs (a
+    ``replicate-allreduce`` or ``replicate-ps`` group), :func:`solve_sfb` is given the
+    replica GPUs' bottleneck bandwidth (the slowest path between two of them), the op
+    times at the largest local batch on the slowest of their GPU types, and only ops the
+    compiler can duplicate with the gradient (ops of replicated groups on the same
+    GPUs; stateful ops never). Gradients are taken largest first; with
+    ``time_budget_s`` the remaining ones are left synchronized once it is spent.
+
+    The ILP prices communication in isolation, so the result is confirmed with the
+    simulator: if the strategy with every chosen subgraph duplicated simulates slower
+    than without SFB (or runs out of memory where the other fits), SFB is dropped as a
+    whole and the strategy comes back without it. Any ``sfb`` the strategy already has
+    is decided afresh, so applying this twice gives the same strategy.
+
+    Returns the strategy with ``sfb`` filled in and one decision per synchronized
+    gradient (``applied`` when the returned strategy duplicates its ops).
+    """
+    started = time.perf_counter()
+    plain = strategy.model_copy(update={"sfb": {}})
+    candidates = _synchronized_gradients(ir, plain, cluster, costs)
+    decisions: list[SfbDecision] = []
+    times: dict[tuple[int, int], np.ndarray] = {}
+    for row, gpus, local, allowed in candidates:
+        if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
+            break
+        per_type = []
+        for t in sorted({int(cluster.device_type[d]) for d in gpus.tolist()}):
+            if (t, local) not in times:
+                times[t, local] = costs.op_times(str(cluster.type_names[t]), local).seconds
+            per_type.append(times[t, local])
+        slowest = max(per_type, key=lambda seconds: float(seconds.sum()))
+        decisions.append(
+            solve_sfb(
+                ir,
+                row,
+                replicas=len(gpus),
+                op_time_s=slowest,
+                bandwidth_bytes_per_s=cluster.min_bandwidth_bytes_per_s(gpus),
+                depth=depth,
+                allowed=allowed,
+            )
+        )
+    chosen = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
+    if not chosen:
+        return plain, decisions
+    with_sfb = plain.model_copy(update={"sfb": chosen})
+    evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
+    before = evaluator.evaluate(plain).result
+    after = evaluator.evaluate(with_sfb).result
+    if (after.oom and not before.oom) or after.step_time_s > before.step_time_s:
+        return plain, decisions
+    return with_sfb, [replace(d, applied=bool(d.duplicate_ops)) for d in decisions]

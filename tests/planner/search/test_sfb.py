@@ -1,7 +1,10 @@
 """Sufficient-factor broadcast (TAG §4.2.3): the ILP's choice against the closed form,
-and the compiled effect: no AllReduce for that gradient, the same computation."""
+the compiled effect (no AllReduce for that gradient, the same computation), and SFB
+decided for a whole strategy, confirmed by the simulator."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,10 +12,14 @@ import pytest
 from tagplan.planner.compile.tasks import compile_tasks
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.search.sfb import solve_sfb
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.search import sfb as sfb_module
+from tagplan.planner.search.baselines import dp_nccl
+from tagplan.planner.search.sfb import apply_sfb, solve_sfb
 from tagplan.planner.sim.taskgraph import COLLECTIVE
-from tagplan.planner.strategy import GroupDecision, Option, Strategy, resolve
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
 from tests.planner.graph.builders import dense_graph, graph_def
 
@@ -102,3 +109,100 @@ def test_sfb_strategy_verifies_in_tensorflow() -> None:
     decision = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
     report = verify("zoo:mlp", cluster, Strategy(default=decision, sfb=sfb), batch_size=4)
     assert report.passed, report.summary()
+
+
+def two_1080ti(bandwidth_gbps: float = 10):
+    """TAG §5.6's setup: two machines with one GTX-1080Ti each."""
+    return load_cluster(
+        {
+            "machines": [
+                {"name": n, "gpus": {"type": "GTX-1080Ti", "count": 1}, "intra_bandwidth_gbps": 100}
+                for n in ("a", "b")
+            ],
+            "network": {"bandwidth_gbps": bandwidth_gbps},
+        }
+    )
+
+
+def mlp_at_batch_4():
+    source = load_graph_source("zoo:mlp")
+    return analyze(
+        source.graph_def, batch_size=4, batch_inputs=source.batch_inputs, loss=source.loss
+    )
+
+
+class TestApplySfb:
+    def test_mlp_kernels_go_by_sfb_and_the_step_drops(self) -> None:
+        """At batch 4 the 784x256 and 256x128 kernels' factors are a few KiB against
+        800 KiB and 128 KiB gradients. The 128x10 kernel (5 KiB) saves less than the
+        extra MatMul costs, and biases have no factors smaller than themselves."""
+        ir = mlp_at_batch_4()
+        evaluator = Evaluator(ir, two_1080ti())
+        dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
+        strategy, decisions = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        assert set(strategy.sfb) == {"dense_0/kernel", "dense_1/kernel"}
+        assert strategy.sfb["dense_0/kernel"] == ["gradients/dense_0/MatMul_grad/MatMul_1"]
+        assert len(decisions) == len(ir.parameters)  # every gradient is synchronized
+        assert all(d.solve_time_s > 0 for d in decisions)
+        assert {d.parameter for d in decisions if d.applied} == set(strategy.sfb)
+        assert evaluator.evaluate(strategy).step_time_s < evaluator.evaluate(dp).step_time_s
+
+    def test_idempotent_and_deterministic(self) -> None:
+        ir = mlp_at_batch_4()
+        evaluator = Evaluator(ir, two_1080ti())
+        dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
+        once, first = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        again, _ = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        twice, second = apply_sfb(once, ir, evaluator.cluster, evaluator.costs)
+        assert once == again == twice
+        assert [(d.parameter, d.duplicate_ops) for d in first] == [
+            (d.parameter, d.duplicate_ops) for d in second
+        ]
+
+    def test_ops_outside_replicated_groups_are_never_duplicated(self) -> None:
+        """The forward pass model-parallel on GPU 0: its ops cannot be duplicated, so the
+        cut stops at them."""
+        ir = mlp_at_batch_4()
+        cluster = two_1080ti()
+        evaluator = Evaluator(ir, cluster)
+        forward = [n for n in ir.op_names if n.startswith(("dense_0/MatMul", "dense_0/BiasAdd"))]
+        pinned = GroupDecision(
+            device_groups=[0, 1],
+            option=Option.MODEL_PARALLEL,
+            placement=dict.fromkeys(forward, str(cluster.device_names[0])),
+        )
+        strategy = Strategy(
+            groups=[OpGroup(ops=forward, decision=pinned)],
+            default=GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE),
+        )
+        _, decisions = apply_sfb(strategy, ir, cluster, evaluator.costs)
+        duplicated = {op for d in decisions for op in d.duplicate_ops}
+        assert duplicated and not duplicated & set(forward)
+
+    def test_single_gpu_has_nothing_to_decide(self) -> None:
+        ir = mlp_at_batch_4()
+        cluster = two_1080ti()
+        evaluator = Evaluator(ir, cluster)
+        single = Strategy(
+            default=GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE)
+        )
+        assert apply_sfb(single, ir, cluster, evaluator.costs) == (single, [])
+
+    def test_sfb_that_simulates_slower_is_dropped(self, monkeypatch) -> None:
+        """The ILP prices communication alone; the simulator has the last word."""
+
+        class Pessimist(Evaluator):
+            def evaluate(self, strategy):
+                evaluation = super().evaluate(strategy)
+                if strategy.sfb:
+                    slower = dataclasses.replace(evaluation.result, step_time_s=1.0)
+                    return dataclasses.replace(evaluation, result=slower)
+                return evaluation
+
+        monkeypatch.setattr(sfb_module, "Evaluator", Pessimist)
+        ir = mlp_at_batch_4()
+        evaluator = Evaluator(ir, two_1080ti())
+        dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
+        strategy, decisions = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        assert strategy.sfb == {} and not any(d.applied for d in decisions)
+        assert any(d.duplicate_ops for d in decisions)  # the ILP still said yes
