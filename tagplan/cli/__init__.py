@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tagplan.cli import analyze, cluster, compile, cost, profile, simulate, zoo
+from tagplan.cli import analyze, cluster, compile, cost, plan, profile, simulate, zoo
 
 app = typer.Typer(
     name="tagplan",
@@ -19,6 +19,7 @@ app.command("cost")(cost.cost_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("compile")(compile.compile_command)
 app.command("verify")(compile.verify_command)
+app.command("plan")(plan.plan_command)
 app.command("profile")(profile.profile_command)
 app.command("profile-comm")(profile.profile_comm_command)
 app.add_typer(zoo.app, name="zoo")

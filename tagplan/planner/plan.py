@@ -1,0 +1,324 @@
+"""From a graph and a cluster to a deployment plan (DESIGN.md §7, TAG §4).
+
+:func:`plan` runs the phases in order, reporting each through ``progress``:
+
+* **group**: METIS op groups (TAG §4.1.1), compute time averaged over the cluster's GPU
+  types;
+* **baselines**: every baseline strategy through the same compiler and simulator; DP-NCCL's
+  step is the reference the search's rewards are measured against;
+* **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
+  ``seed, seed + 1, ...`` (root parallelism), merged by best result;
+* **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
+  of the chosen strategy (TAG §4.2.3), kept only when the simulator says it helps;
+* **compile**: the final simulation (with its trace) and, when the GraphDef is given, the
+  placed distributed GraphDef and device map.
+
+The plan is the fastest strategy that fits in memory among what the search found and the
+baselines (every baseline is a strategy of the same space, so no plan is ever worse than
+one of them; ``PlanResult.chosen_from`` says which won). When nothing fits, op groups move
+to model parallelism until the step fits (:func:`~.search.mcts.make_feasible`), else
+:class:`~.errors.Infeasible` names the overflow.
+
+:class:`Planner` exposes the phases one by one so a job can be spread over workers: each
+worker builds a ``Planner`` for the same inputs (everything is deterministic), runs
+:meth:`Planner.search_shard` for its seed, and one of them calls :meth:`Planner.finish`
+with every shard's :class:`~.search.mcts.SearchOutcome`.
+
+Budgets: ``budget_s`` bounds the whole plan's wall time (the search gets what the other
+phases leave); ``iterations`` bounds each tree. With an iteration budget that the time
+budget does not cut, a seed always gives the same plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tagplan.planner.compile.graphdef import compile_graphdef
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.cost.profile import ProfileSource
+from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
+from tagplan.planner.evaluate import Evaluation, Evaluator
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.result import PlanResult
+from tagplan.planner.search.actions import DEFAULT_MAX_ACTIONS, ActionSpace
+from tagplan.planner.search.baselines import BASELINES, baseline_strategy
+from tagplan.planner.search.grouping import DEFAULT_MAX_GROUPS, group_ops
+from tagplan.planner.search.lower_bound import lower_bound
+from tagplan.planner.search.mcts import (
+    SearchOutcome,
+    SearchProgress,
+    StrategySearch,
+    best_outcome,
+    make_feasible,
+)
+from tagplan.planner.search.prior import Prior
+from tagplan.planner.search.sfb import apply_sfb
+from tagplan.planner.strategy import Strategy
+from tagplan.planner.topology import Cluster
+
+__all__ = [
+    "PHASES",
+    "PlanOptions",
+    "PlanProgress",
+    "PlanResult",
+    "Planner",
+    "SearchOutcome",
+    "plan",
+]
+
+PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
+REFERENCE = "dp-nccl"
+# share of the budget kept for SFB and the final compile after the search
+_FINISH_SHARE = 0.15
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    budget_s: float = 60.0
+    iterations: int | None = None
+    seed: int = 0
+    sfb: bool = True
+    max_groups: int = DEFAULT_MAX_GROUPS
+    shards: int = 1
+    max_actions: int = DEFAULT_MAX_ACTIONS
+
+    def __post_init__(self) -> None:
+        if not self.budget_s > 0:
+            raise InvalidInput(f"budget_s must be positive, got {self.budget_s}")
+        if self.iterations is not None and self.iterations < 1:
+            raise InvalidInput(f"iterations must be at least 1, got {self.iterations}")
+        if self.shards < 1:
+            raise InvalidInput(f"shards must be at least 1, got {self.shards}")
+
+
+@dataclass(frozen=True)
+class PlanProgress:
+    phase: str  # one of PHASES
+    iterations: int
+    best_step_time_s: float | None
+    best_speedup: float | None  # over DP-NCCL
+    elapsed_s: float
+
+
+class Planner:
+    """The phases of :func:`plan` for one graph and cluster (module docstring).
+
+    Construction runs the group and baseline phases.
+    """
+
+    def __init__(
+        self,
+        ir: GraphIR,
+        cluster: Cluster,
+        *,
+        options: PlanOptions | None = None,
+        profiles: ProfileSource | None = None,
+        comm: CommModel | None = None,
+        prior: Prior | None = None,
+        progress: Callable[[PlanProgress], None] | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> None:
+        self.started = time.perf_counter()
+        self.ir, self.cluster = ir, cluster
+        self.options = options or PlanOptions()
+        self.prior = prior
+        self._progress, self._cancel = progress, cancel
+        self.phase_seconds: dict[str, float] = {}
+        costs = OpCostModel(ir, profiles=profiles, gpu_types=cluster.to_spec().type_table())
+        self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
+
+        self._enter("group")
+        type_names = sorted({str(cluster.type_names[t]) for t in cluster.device_type})
+        mean_time = np.mean([costs.op_times(t, ir.batch_size).seconds for t in type_names], axis=0)
+        self.grouping = group_ops(
+            ir, mean_time, max_groups=self.options.max_groups, seed=self.options.seed
+        )
+        self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
+
+        self._enter("baselines")
+        self.baseline_evaluations: dict[str, Evaluation] = {}
+        for name in BASELINES:
+            self._check_cancel()
+            strategy = baseline_strategy(name, ir, cluster, costs)
+            self.baseline_evaluations[name] = self.evaluator.evaluate(strategy)
+        self.reference_step_s = self.baseline_evaluations[REFERENCE].step_time_s
+        self._leave()
+
+    # phases ---------------------------------------------------------------------------
+
+    def _enter(self, phase: str) -> None:
+        self._leave()
+        self._phase, self._phase_started = phase, time.perf_counter()
+        self._report(phase, 0, None)
+
+    def _leave(self) -> None:
+        phase = getattr(self, "_phase", None)
+        if phase is not None:
+            elapsed = time.perf_counter() - self._phase_started
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + elapsed
+            self._phase = None
+
+    def _report(self, phase: str, iterations: int, best_step_s: float | None) -> None:
+        if self._progress is None:
+            return
+        self._progress(
+            PlanProgress(
+                phase=phase,
+                iterations=iterations,
+                best_step_time_s=best_step_s,
+                best_speedup=self.reference_step_s / best_step_s
+                if best_step_s and getattr(self, "reference_step_s", None)
+                else None,
+                elapsed_s=time.perf_counter() - self.started,
+            )
+        )
+
+    def _check_cancel(self) -> None:
+        if self._cancel is not None and self._cancel():
+            raise Cancelled("planning was cancelled")
+
+    def _search(self, seed: int) -> StrategySearch:
+        return StrategySearch(
+            self.evaluator,
+            self.grouping,
+            self.space,
+            reference_step_s=self.reference_step_s,
+            prior=self.prior,
+            seed=seed,
+        )
+
+    def search_budget_s(self, shards: int = 1) -> float:
+        """Seconds each of ``shards`` trees run in this process: the budget left after the
+        phases so far, less the share kept for SFB and compile."""
+        left = self.options.budget_s * (1 - _FINISH_SHARE) - (time.perf_counter() - self.started)
+        return max(left, 0.0) / shards
+
+    def search_shard(self, seed: int, *, budget_s: float | None = None) -> SearchOutcome:
+        """Run one tree (one root-parallel shard) with ``seed``."""
+        self._enter("search")
+
+        def report(p: SearchProgress) -> None:
+            self._report("search", p.iterations, p.best_step_time_s)
+
+        search = self._search(seed)
+        outcome = search.run(
+            iterations=self.options.iterations,
+            budget_s=max(budget_s if budget_s is not None else self.search_budget_s(), 1e-3),
+            progress=report,
+            cancel=self._cancel,
+        )
+        self._leave()
+        return outcome
+
+    def finish(
+        self, outcomes: Sequence[SearchOutcome], *, graph_def: object | None = None
+    ) -> PlanResult:
+        """Pick the plan, decide SFB, simulate it once more for the trace and compile it."""
+        best = best_outcome(outcomes)
+        self._enter("sfb")
+        chosen_from, strategy = self._choose(best)
+        sfb_decisions: tuple = ()
+        if self.options.sfb:
+            self._check_cancel()
+            strategy, decisions = apply_sfb(
+                strategy, self.ir, self.cluster, self.evaluator.costs, self.evaluator.comm
+            )
+            sfb_decisions = tuple(decisions)
+        self._enter("compile")
+        evaluation = self.evaluator.evaluate(strategy)
+        if evaluation.result.oom:
+            overflow = int(evaluation.result.overflow_bytes.sum())
+            raise Infeasible(
+                f"no strategy fits in the GPUs' memory: {overflow / 2**30:.2f} GiB over "
+                "even with every op group model-parallel",
+                overflow_bytes=overflow,
+            )
+        distributed = None
+        if graph_def is not None:
+            distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
+        bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
+        self._leave()
+        baselines = {
+            name: None if e.result.oom else e.step_time_s
+            for name, e in self.baseline_evaluations.items()
+        }
+        compute_measured = evaluation.compiled.measured_fraction
+        return PlanResult(
+            strategy=strategy,
+            evaluation=evaluation,
+            baselines=baselines,
+            lower_bound_s=bound.step_time_s,
+            chosen_from=chosen_from,
+            plan_time_s=time.perf_counter() - self.started,
+            iterations=sum(o.iterations for o in outcomes),
+            evaluations=sum(o.evaluations for o in outcomes),
+            first_better_iteration=min(
+                (o.first_better_iteration for o in outcomes if o.first_better_iteration),
+                default=None,
+            ),
+            estimated={
+                "compute_measured_fraction": compute_measured,
+                "compute": "measured"
+                if compute_measured >= 1
+                else "estimated"
+                if compute_measured <= 0
+                else "partly measured",
+                "communication": "fitted" if self.evaluator.comm.profile else "analytic",
+            },
+            sfb=sfb_decisions,
+            distributed=distributed,
+            phase_seconds=dict(self.phase_seconds),
+        )
+
+    def _choose(self, best: SearchOutcome) -> tuple[str, Strategy]:
+        """The fastest strategy that fits: the search's or a baseline's; when none fits,
+        the search's made feasible by more model parallelism."""
+        fitting = {
+            name: e.step_time_s for name, e in self.baseline_evaluations.items() if not e.result.oom
+        }
+        if not best.oom:
+            fitting["search"] = best.step_time_s
+        if fitting:
+            name = min(fitting, key=lambda n: (fitting[n], n != "search"))
+            if name == "search":
+                return "search", best.strategy
+            return name, self.baseline_evaluations[name].strategy
+        _, evaluation = make_feasible(self._search(best.seed), best.actions)
+        return "search", evaluation.strategy
+
+
+def plan(
+    ir: GraphIR,
+    cluster: Cluster,
+    *,
+    graph_def: object | None = None,
+    options: PlanOptions | None = None,
+    profiles: ProfileSource | None = None,
+    comm: CommModel | None = None,
+    prior: Prior | None = None,
+    progress: Callable[[PlanProgress], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> PlanResult:
+    """Plan ``ir`` on ``cluster`` (module docstring); ``graph_def`` (the graph ``ir`` was
+    analyzed from) adds the distributed GraphDef to the result."""
+    planner = Planner(
+        ir,
+        cluster,
+        options=options,
+        profiles=profiles,
+        comm=comm,
+        prior=prior,
+        progress=progress,
+        cancel=cancel,
+    )
+    shards = planner.options.shards
+    budget = planner.search_budget_s(shards)
+    outcomes = [
+        planner.search_shard(planner.options.seed + k, budget_s=budget) for k in range(shards)
+    ]
+    return planner.finish(outcomes, graph_def=graph_def)

@@ -1,0 +1,131 @@
+"""What a plan returns (DESIGN.md §7): the strategy, its predicted step and memory, every
+baseline on the same simulator, the lower bound, and which numbers were estimated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tagplan.planner.compile.graphdef import DistributedGraph
+from tagplan.planner.evaluate import Evaluation
+from tagplan.planner.search.sfb import SfbDecision
+from tagplan.planner.sim.trace import chrome_trace
+from tagplan.planner.strategy import Strategy
+
+__all__ = ["PlanResult"]
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, eq=False)
+class PlanResult:
+    """A plan for one graph on one cluster.
+
+    ``baselines`` maps each baseline to its simulated step in seconds, ``None`` when it
+    runs out of memory. ``chosen_from`` is ``"search"`` when the tree search found the
+    strategy, else the name of the baseline that no strategy the search saw could beat.
+    ``estimated`` says which inputs were analytic estimates rather than measurements.
+    """
+
+    strategy: Strategy
+    evaluation: Evaluation
+    baselines: dict[str, float | None]
+    lower_bound_s: float
+    chosen_from: str
+    plan_time_s: float
+    iterations: int
+    evaluations: int
+    first_better_iteration: int | None
+    estimated: dict[str, Any]
+    sfb: tuple[SfbDecision, ...] = ()
+    distributed: DistributedGraph | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.evaluation.step_time_s
+
+    @property
+    def speedup_vs_dp_nccl(self) -> float | None:
+        reference = self.baselines.get("dp-nccl")
+        return reference / self.step_time_s if reference else None
+
+    @property
+    def peak_memory_bytes(self) -> dict[str, int]:
+        names = self.evaluation.compiled.task_graph.device_names
+        peaks = self.evaluation.result.peak_memory_bytes
+        return {str(n): int(b) for n, b in zip(names, peaks, strict=True)}
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The predicted step as a Chrome trace (opens in Perfetto)."""
+        return chrome_trace(self.evaluation.compiled.task_graph, self.evaluation.result)
+
+    def summary(self) -> dict[str, Any]:
+        """Every number of the plan as one JSON-able document (no large blobs)."""
+        result = self.evaluation.result
+        names = self.evaluation.compiled.task_graph.device_names
+        return {
+            "step_time_s": self.step_time_s,
+            "oom": bool(result.oom),
+            "baselines": self.baselines,
+            "lower_bound_s": self.lower_bound_s,
+            "speedup_vs_dp_nccl": self.speedup_vs_dp_nccl,
+            "ratio_to_lower_bound": self.step_time_s / self.lower_bound_s
+            if self.lower_bound_s > 0
+            else None,
+            "chosen_from": self.chosen_from,
+            "plan_time_s": self.plan_time_s,
+            "phase_seconds": self.phase_seconds,
+            "iterations": self.iterations,
+            "evaluations": self.evaluations,
+            "first_better_iteration": self.first_better_iteration,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "device_busy_fraction": {
+                str(n): float(1 - f)
+                for n, f in zip(names, result.device_idle_fraction, strict=True)
+            },
+            "sfb": [
+                {
+                    "parameter": d.parameter,
+                    "duplicated_ops": len(d.duplicate_ops),
+                    "saving_s": d.saving_s,
+                    "solve_time_s": d.solve_time_s,
+                }
+                for d in self.sfb
+            ],
+            "estimated": self.estimated,
+            "strategy": self.strategy.model_dump(mode="json", exclude_none=True),
+        }
+
+    def report_markdown(self, title: str = "tagplan plan") -> str:
+        """A human-readable report: tagplan against every baseline and the bound, memory."""
+
+        def ms(seconds: float | None) -> str:
+            return "OOM" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+        rows = [("tagplan", self.step_time_s), *self.baselines.items()]
+        lines = [
+            f"# {title}",
+            "",
+            f"Predicted step: **{self.step_time_s * 1e3:,.1f} ms** "
+            f"(chosen from: {self.chosen_from}); lower bound {self.lower_bound_s * 1e3:,.1f} ms; "
+            f"planned in {self.plan_time_s:.1f} s over {self.iterations} search iterations.",
+            "",
+            "| strategy | step (ms) | vs tagplan |",
+            "| --- | ---: | ---: |",
+        ]
+        for name, seconds in rows:
+            ratio = "" if seconds is None else f"{seconds / self.step_time_s:.2f}x"
+            lines.append(f"| {name} | {ms(seconds)} | {ratio} |")
+        lines.append(
+            f"| lower bound | {ms(self.lower_bound_s)} | "
+            f"{self.lower_bound_s / self.step_time_s:.2f}x |"
+        )
+        lines += ["", "| GPU | peak memory (GiB) | busy |", "| --- | ---: | ---: |"]
+        busy = self.summary()["device_busy_fraction"]
+        for name, peak in self.peak_memory_bytes.items():
+            lines.append(f"| {name} | {peak / GIB:,.2f} | {100 * busy[name]:.0f}% |")
+        if self.sfb:
+            lines += ["", f"Sufficient-factor broadcast replaces {len(self.sfb)} gradient syncs."]
+        lines += ["", f"Estimated inputs: {self.estimated}", ""]
+        return "\n".join(lines)
