@@ -85,11 +85,14 @@ def solve_sfb(
     bandwidth_bytes_per_s: float,
     depth: int = 3,
     allowed: np.ndarray | None = None,
+    synchronized_tensor: int | None = None,
 ) -> SfbDecision:
     """TAG's SFB ILP for row ``parameter`` of ``ir.parameters`` on ``replicas`` GPUs.
 
     ``op_time_s`` is each op's time on one replica (its local batch); ``allowed`` (bool
-    per op, default all) marks the ops that may be duplicated.
+    per op, default all) marks the ops that may be duplicated; ``synchronized_tensor``
+    is the tensor whose synchronization SFB would replace when it is not the gradient
+    itself (a partial ``Sum`` the gradient is a ``Reshape`` of).
     """
     if replicas < 2:
         raise InvalidInput("sufficient-factor broadcast needs at least two replicas")
@@ -97,7 +100,9 @@ def solve_sfb(
         raise InvalidInput("the bottleneck bandwidth must be positive")
     started = time.perf_counter()
     params = ir.parameters
-    gradient = int(params.gradient_tensor[parameter])
+    gradient = int(
+        params.gradient_tensor[parameter] if synchronized_tensor is None else synchronized_tensor
+    )
     g = int(ir.tensor_producer[gradient])
     ops = _neighbourhood(ir, g, depth, allowed)
     inside = set(ops)
@@ -122,7 +127,7 @@ def solve_sfb(
             continue
         consumers = [i for j, i, _ in edges if j == k]
         problem += alpha[k] <= pulp.lpSum(alpha[i] for i in consumers)
-    synchronize = 2 * (d - 1) / d * float(params.gradient_bytes[parameter]) / tau
+    synchronize = 2 * (d - 1) / d * float(ir.tensor_bytes[gradient]) / tau
     problem += (
         pulp.lpSum((d - 1) * float(op_time_s[i]) * alpha[i] for i in ops)
         + pulp.lpSum(cut_terms)
@@ -143,15 +148,50 @@ def solve_sfb(
     )
 
 
+def _sync_point(ir: GraphIR, mode: np.ndarray, gradient: int) -> int | None:
+    """The tensor whose synchronization carries ``gradient``, or ``None``.
+
+    A split producer's output is summed over the replicas: the gradient itself. A
+    duplicated producer works on sums taken before it: the partial sums (or means) of
+    split ops it reads, directly or through other duplicated ops. With one such sum
+    (a ``Reshape`` of a ``Sum`` over the batch) that tensor is the one SFB can replace;
+    with several read directly (an ``AddN`` of partial gradients) the gradient stays
+    the anchor and the sums are cuts of its ILP; otherwise ``None`` (not decided).
+    """
+    g = int(ir.tensor_producer[gradient])
+    if mode[g] == Mode.SPLIT:
+        return gradient
+    if mode[g] != Mode.DUPLICATE:
+        return None
+    sums: set[int] = set()
+    seen, stack = {g}, [g]
+    while stack:
+        current = stack.pop()
+        for tensor in ir.inputs(current).tolist():
+            producer = int(ir.tensor_producer[tensor])
+            partial = ir.tensor_aggregation[tensor] in (Aggregation.SUM, Aggregation.MEAN)
+            if partial and mode[producer] == Mode.SPLIT:
+                sums.add(tensor)
+            elif producer not in seen and mode[producer] == Mode.DUPLICATE:
+                seen.add(producer)
+                stack.append(producer)
+    if len(sums) == 1:
+        return sums.pop()
+    if sums and sums <= set(ir.inputs(g).tolist()):
+        return gradient
+    return None
+
+
 def _synchronized_gradients(
     ir: GraphIR, strategy: Strategy, cluster: Cluster, costs: OpCostModel
-) -> list[tuple[int, np.ndarray, int, np.ndarray]]:
+) -> list[tuple[int, int, np.ndarray, int, np.ndarray]]:
     """Every gradient the strategy synchronizes across two or more GPUs, largest first:
-    (parameter row, the GPUs, the largest local batch, ops that may be duplicated with
-    it).
+    (parameter row, the tensor synchronized, the GPUs, the largest local batch, ops that
+    may be duplicated with it).
 
-    A gradient is synchronized when its producer runs split over the replicas of a
-    ``replicate-allreduce`` or ``replicate-ps`` group on two or more GPUs. The compiler
+    A gradient is synchronized when its producer belongs to a ``replicate-allreduce``
+    or ``replicate-ps`` group with batch rows on two or more GPUs and its value sums
+    the replicas' partial results, at the tensor :func:`_sync_point` finds. The compiler
     duplicates an SFB op on the GPUs of its own group, but keeps parameter state (a
     variable, its slots and update region, and the ops colocated with a variable) where
     the synchronization puts it; so the ops that may join a gradient's subgraph are the
@@ -166,10 +206,12 @@ def _synchronized_gradients(
         ]
     )
     gpus_of_group: list[frozenset[int]] = []
+    local_batch: list[int] = []
     for group in range(resolved.num_groups):
         devices, weights = resolved.replicas(group)
-        rows = np.diff(batch_slices(weights, ir.batch_size)) > 0
-        gpus_of_group.append(frozenset(devices[rows].tolist()))
+        rows = np.diff(batch_slices(weights, ir.batch_size))
+        gpus_of_group.append(frozenset(devices[rows > 0].tolist()))
+        local_batch.append(int(rows.max()))
     params = ir.parameters
     state = np.zeros(ir.num_ops, dtype=bool)
     for row in range(len(params)):
@@ -186,12 +228,12 @@ def _synchronized_gradients(
         g = int(ir.tensor_producer[tensor])
         group = int(resolved.op_group[g])
         gpus = gpus_of_group[group]
-        if placement.op_mode[g] != Mode.SPLIT or len(gpus) < 2 or not replicated[group]:
+        anchor = _sync_point(ir, placement.op_mode, tensor)
+        if len(gpus) < 2 or not replicated[group] or anchor is None:
             continue
         allowed = replicated[resolved.op_group] & ~state
         allowed &= np.array([same == gpus for same in op_gpus])
-        local = max(placement.local_batch(i) for i in placement.instances(g))
-        found.append((row, np.array(sorted(gpus)), local, allowed))
+        found.append((row, anchor, np.array(sorted(gpus)), local_batch[group], allowed))
     return found
 
 
@@ -209,7 +251,7 @@ def apply_sfb(
     (TAG §4.2.3: "double checking opportunities of applying SFB on op groups for which
     MCTS has produced a replication option").
 
-    For each parameter whose gradient runs split over two or more GPUs (a
+    For each parameter whose gradient is summed over replicas on two or more GPUs (a
     ``replicate-allreduce`` or ``replicate-ps`` group), :func:`solve_sfb` is given the
     replica GPUs' bottleneck bandwidth (the slowest path between two of them), the op
     times at the largest local batch on the slowest of their GPU types, and only ops the
@@ -231,7 +273,7 @@ def apply_sfb(
     candidates = _synchronized_gradients(ir, plain, cluster, costs)
     decisions: list[SfbDecision] = []
     times: dict[tuple[int, int], np.ndarray] = {}
-    for row, gpus, local, allowed in candidates:
+    for row, anchor, gpus, local, allowed in candidates:
         if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
             break
         per_type = []
@@ -249,6 +291,7 @@ def apply_sfb(
                 bandwidth_bytes_per_s=cluster.min_bandwidth_bytes_per_s(gpus),
                 depth=depth,
                 allowed=allowed,
+                synchronized_tensor=anchor,
             )
         )
     chosen = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
