@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tagplan.planner.compile.tasks import CompiledTasks, compile_tasks
+from tagplan.planner.compile.tasks import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
 from tagplan.planner.cost.op_time import OpCostModel
@@ -29,7 +29,8 @@ class Evaluation:
 
 
 class Evaluator:
-    """Everything fixed for one (graph, cluster) pair: cost and communication models."""
+    """Everything fixed for one (graph, cluster) pair: cost and communication models, and
+    the task compiler that keeps what strategies share (see :class:`TaskCompiler`)."""
 
     def __init__(
         self,
@@ -44,12 +45,13 @@ class Evaluator:
         self.ir, self.cluster = ir, cluster
         self.costs = costs or OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
         self.comm = comm or CommModel(cluster)
+        self.compiler = TaskCompiler(ir, cluster, costs=self.costs, comm=self.comm)
         self.use_priority = use_priority
         self.reserve_bytes = reserve_bytes
 
     def evaluate(self, strategy: Strategy) -> Evaluation:
         resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
-        compiled = compile_tasks(self.ir, self.cluster, resolved, costs=self.costs, comm=self.comm)
+        compiled = self.compiler.compile(resolved)
         graph = compiled.task_graph
         if self.use_priority:
             graph.task_priority[:] = upward_rank(graph)

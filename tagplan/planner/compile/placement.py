@@ -79,81 +79,99 @@ def _variable_of_class(ir: GraphIR) -> dict[int, int]:
     return found
 
 
+def _has_batch_input(ir: GraphIR) -> np.ndarray:
+    """Per op: does any input carry the batch dimension."""
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    found = np.zeros(ir.num_ops, dtype=bool)
+    found[reader[ir.tensor_batch_axis[ir.op_input_tensor] >= 0]] = True
+    return found
+
+
+def _parameter_ops(ir: GraphIR) -> np.ndarray:
+    """Per op: is it a parameter's variable, optimizer slot or update op."""
+    params = ir.parameters
+    found = np.zeros(ir.num_ops, dtype=bool)
+    for ops in (params.variable_op, params.slot_op, params.region_op):
+        found[ops] = True
+    return found
+
+
+def _rows(devices: np.ndarray, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+    """Instances as an ``(n, 3)`` int32 array of (device, lo, hi)."""
+    rows = np.empty((len(devices), 3), dtype=np.int32)
+    rows[:, 0], rows[:, 1], rows[:, 2] = devices, lo, hi
+    return rows
+
+
+class _GroupLayout:
+    """The instance rows each kind of op of one group gets (see :func:`place`)."""
+
+    def __init__(self, resolved: ResolvedStrategy, group: int, batch: int) -> None:
+        self.option = resolved.option(group)
+        replica_devices, weights = resolved.replicas(group)
+        bounds = batch_slices(weights, batch)
+        devices = resolved.devices(group)
+        if self.option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
+            # a GPU whose replicas get no rows (more replicas than examples) is left out
+            devices = np.unique(replica_devices[np.diff(bounds) > 0])
+        self.everywhere = _rows(devices, 0, batch)  # the full batch on every GPU
+        self.first = self.everywhere[:1]  # the full batch on the group's first GPU
+        self.ps = _rows(resolved.group_ps_device[group : group + 1], 0, batch)
+        rows = np.flatnonzero(bounds[1:] > bounds[:-1])
+        self.split = _rows(replica_devices[rows], bounds[rows], bounds[rows + 1])
+
+
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     """Apply the placement rules of the module docstring to every op."""
     batch = ir.batch_size
-    has_batch_input = np.zeros(ir.num_ops, dtype=bool)
-    for op in range(ir.num_ops):
-        has_batch_input[op] = bool((ir.tensor_batch_axis[ir.inputs(op)] >= 0).any())
-    parameter_ops: dict[int, int] = {}  # op -> parameter row, for variables, slots, updates
-    params = ir.parameters
-    for row in range(len(params)):
-        parameter_ops[int(params.variable_op[row])] = row
-        for op in params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]]:
-            parameter_ops[int(op)] = row
-        for op in params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]]:
-            parameter_ops[int(op)] = row
+    has_batch_input = _has_batch_input(ir).tolist()
+    parameter_op = _parameter_ops(ir).tolist()
+    no_split = (ir.split_category == SplitCategory.NONE).tolist()
+    sfb_op = resolved.sfb_op.tolist()
+    layouts = [_GroupLayout(resolved, g, batch) for g in range(resolved.num_groups)]
 
     modes = np.zeros(ir.num_ops, dtype=np.int8)
-    rows: list[list[tuple[int, int, int]]] = [[] for _ in range(ir.num_ops)]
-    slices_of_group: dict[int, np.ndarray] = {}
-
-    def full_on(devices: np.ndarray) -> list[tuple[int, int, int]]:
-        return [(int(d), 0, batch) for d in devices]
-
-    for op in range(ir.num_ops):
-        group = int(resolved.op_group[op])
-        option = resolved.option(group)
-        replica_devices, weights = resolved.replicas(group)
-        bounds = slices_of_group.get(group)
-        if bounds is None:
-            bounds = slices_of_group[group] = batch_slices(weights, batch)
-        devices = resolved.devices(group)
-        if option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
-            # a GPU whose replicas get no rows (more replicas than examples) is left out
-            devices = np.unique(replica_devices[np.diff(bounds) > 0])
+    rows: list[np.ndarray] = []
+    for op, group in enumerate(resolved.op_group.tolist()):
+        layout = layouts[group]
+        option = layout.option
         if option == Option.MODEL_PARALLEL:
-            modes[op], rows[op] = Mode.SINGLE, full_on(resolved.op_device[op : op + 1])
+            mode, placed = Mode.SINGLE, _rows(resolved.op_device[op : op + 1], 0, batch)
         elif option == Option.DUPLICATE:
-            modes[op], rows[op] = Mode.DUPLICATE, full_on(devices)
-        elif op in parameter_ops and option == Option.REPLICATE_PS:
-            ps = resolved.group_ps_device[group : group + 1]
-            modes[op], rows[op] = Mode.SINGLE, full_on(ps)
-        elif op in parameter_ops or not has_batch_input[op] or resolved.sfb_op[op]:
+            mode, placed = Mode.DUPLICATE, layout.everywhere
+        elif parameter_op[op] and option == Option.REPLICATE_PS:
+            mode, placed = Mode.SINGLE, layout.ps
+        elif parameter_op[op] or not has_batch_input[op] or sfb_op[op]:
             # mirrored state, cheap non-batch work, and SFB's duplicated gradient subgraph
             # (TAG §4.2.3: every replica computes the whole gradient)
-            modes[op], rows[op] = Mode.DUPLICATE, full_on(devices)
-        elif ir.split_category[op] == SplitCategory.NONE:  # stateful ops are here too
-            modes[op], rows[op] = Mode.SINGLE, full_on(devices[:1])
+            mode, placed = Mode.DUPLICATE, layout.everywhere
+        elif no_split[op]:  # stateful ops are here too
+            mode, placed = Mode.SINGLE, layout.first
         else:
-            modes[op] = Mode.SPLIT
-            rows[op] = [
-                (int(d), int(bounds[r]), int(bounds[r + 1]))
-                for r, d in enumerate(replica_devices)
-                if bounds[r + 1] > bounds[r]
-            ]
-        if len(rows[op]) == 1:  # one replica, or one GPU: nothing is split or copied
-            modes[op] = Mode.SINGLE
+            mode, placed = Mode.SPLIT, layout.split
+        # one replica, or one GPU: nothing is split or copied
+        modes[op] = Mode.SINGLE if len(placed) == 1 else mode
+        rows.append(placed)
 
     # colocated ops (reads, updates, slots) follow their variable's placement
     variable_of = _variable_of_class(ir)
-    for op in range(ir.num_ops):
-        variable = variable_of.get(int(ir.colocation[op]))
+    for op, colocation in enumerate(ir.colocation.tolist()):
+        variable = variable_of.get(colocation)
         if variable is None or variable == op:
             continue
-        mirrors = {row[0] for row in rows[variable]}
-        if modes[op] == Mode.SPLIT and {row[0] for row in rows[op]} <= mirrors:
+        mirrors = set(rows[variable][:, 0].tolist())
+        if modes[op] == Mode.SPLIT and mirrors.issuperset(rows[op][:, 0].tolist()):
             continue  # a split read (an embedding lookup) of a variable mirrored on its GPUs
-        modes[op], rows[op] = modes[variable], list(rows[variable])
+        modes[op], rows[op] = modes[variable], rows[variable]
 
     ptr = np.zeros(ir.num_ops + 1, dtype=np.int32)
     ptr[1:] = np.cumsum([len(r) for r in rows])
-    flat = [entry for row in rows for entry in row]
+    flat = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int32)
     return Placement(
         op_mode=modes,
         inst_ptr=ptr,
-        inst_device=np.array([e[0] for e in flat], dtype=np.int32),
-        inst_lo=np.array([e[1] for e in flat], dtype=np.int32),
-        inst_hi=np.array([e[2] for e in flat], dtype=np.int32),
+        inst_device=np.ascontiguousarray(flat[:, 0]),
+        inst_lo=np.ascontiguousarray(flat[:, 1]),
+        inst_hi=np.ascontiguousarray(flat[:, 2]),
         batch_size=batch,
     )

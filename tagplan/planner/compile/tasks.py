@@ -18,6 +18,11 @@ A tensor is sent to each destination GPU once, not once per reading op. Transfer
 the links of their path: the sender's and receiver's ports into their machine, and each
 machine's network uplink and downlink when they cross machines; a collective holds the
 ports and uplinks of every participant.
+
+A search compiles hundreds of strategies of one graph, so :class:`TaskCompiler` prepares
+what does not depend on the strategy once — the IR's adjacency and tensor sizes as Python
+lists, every path's links, op times per GPU and local batch, communication times per
+devices and bytes — and the loop over op instances touches only lists and dicts.
 """
 
 from __future__ import annotations
@@ -37,11 +42,10 @@ from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGra
 from tagplan.planner.strategy import Collective, GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
-__all__ = ["CompiledTasks", "compile_tasks"]
+__all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
-_AGG_SUM, _AGG_MEAN = int(Aggregation.SUM), int(Aggregation.MEAN)
-_AGG_LOCAL = int(Aggregation.LOCAL)
+_KIND_OF_AGGREGATION = {Aggregation.SUM: _SUM, Aggregation.MEAN: _MEAN, Aggregation.LOCAL: _LOCAL}
 
 
 class _Copy(NamedTuple):
@@ -55,6 +59,17 @@ class _Copy(NamedTuple):
     buffer: int
 
 
+class _Collective(NamedTuple):
+    """A gradient's AllReduce, kept until the group's gradient-sync mode is applied."""
+
+    task: int
+    group: int
+    nbytes: int
+    members: tuple[int, ...]
+    algorithm: str
+    inputs: frozenset[int]  # the tasks it waits for
+
+
 @dataclass(eq=False)
 class CompiledTasks:
     """The task graph plus what maps it back to the strategy."""
@@ -65,21 +80,39 @@ class CompiledTasks:
     measured_fraction: float  # share of compute time from profiles
 
 
+def _pairs_csr(rows: list[int], cols: list[int], num_rows: int, num_cols: int):
+    """CSR (int32 pointer, int32 columns) of the distinct ``(row, col)`` pairs, each row's
+    columns in ascending order."""
+    width = max(num_cols, 1)
+    codes = np.array(rows, dtype=np.int64) * width + np.array(cols, dtype=np.int64)
+    codes.sort()
+    codes = codes[np.concatenate(([True], codes[1:] != codes[:-1]))] if len(codes) else codes
+    ptr = np.zeros(num_rows + 1, dtype=np.int32)
+    ptr[1:] = np.cumsum(np.bincount(codes // width, minlength=num_rows))
+    return ptr, (codes % width).astype(np.int32)
+
+
 @dataclass(eq=False)
 class _Builder:
+    """The task graph being built, one list per column. Dependencies and buffer reads are
+    ``(from, to)`` pairs that may repeat; :meth:`build` drops repeats and sorts them."""
+
     num_devices: int
     kind: list[int] = field(default_factory=list)
     device: list[int] = field(default_factory=list)
     duration: list[float] = field(default_factory=list)
     group: list[int] = field(default_factory=list)
     nbytes: list[int] = field(default_factory=list)
-    links: list[list[int]] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    edges: set[tuple[int, int]] = field(default_factory=set)
+    link_count: list[int] = field(default_factory=list)
+    link_index: list[int] = field(default_factory=list)
+    edge_src: list[int] = field(default_factory=list)
+    edge_dst: list[int] = field(default_factory=list)
     buffer_device: list[int] = field(default_factory=list)
     buffer_bytes: list[int] = field(default_factory=list)
     buffer_producer: list[int] = field(default_factory=list)
-    buffer_consumers: list[list[int]] = field(default_factory=list)
+    read_buffer: list[int] = field(default_factory=list)
+    read_task: list[int] = field(default_factory=list)
 
     def task(
         self,
@@ -90,46 +123,48 @@ class _Builder:
         name: str,
         *,
         nbytes: int = 0,
-        links: list[int] | None = None,
+        links: list[int] | tuple[int, ...] = (),
     ) -> int:
         self.kind.append(kind)
         self.device.append(device)
         self.duration.append(float(seconds))
         self.group.append(group)
-        self.nbytes.append(int(nbytes))
-        self.links.append(links or [])
+        self.nbytes.append(nbytes)
         self.names.append(name)
+        self.link_count.append(len(links))
+        self.link_index.extend(links)
         return len(self.kind) - 1
 
     def buffer(self, device: int, nbytes: int, producer: int) -> int:
         self.buffer_device.append(device)
-        self.buffer_bytes.append(int(nbytes))
+        self.buffer_bytes.append(nbytes)
         self.buffer_producer.append(producer)
-        self.buffer_consumers.append([])
         return len(self.buffer_device) - 1
+
+    def edge(self, pred: int, succ: int) -> None:
+        self.edge_src.append(pred)
+        self.edge_dst.append(succ)
+
+    def edges(self, preds: list[int], succ: int) -> None:
+        """``succ`` waits for every task of ``preds``."""
+        self.edge_src.extend(preds)
+        self.edge_dst.extend([succ] * len(preds))
 
     def read(self, copy: _Copy, task: int) -> None:
         """``task`` reads ``copy``: it waits for the copy's producer and keeps it alive."""
         if copy.task != task:
-            self.edges.add((copy.task, task))
-        if copy.buffer >= 0:
-            self.buffer_consumers[copy.buffer].append(task)
+            self.edge(copy.task, task)
+        self.read_buffer.append(copy.buffer)
+        self.read_task.append(task)
 
     def build(self, persistent: np.ndarray, num_links: int, device_names, link_names) -> TaskGraph:
-        def csr(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-            ptr = np.zeros(len(rows) + 1, dtype=np.int32)
-            ptr[1:] = np.cumsum([len(r) for r in rows])
-            flat = np.fromiter((x for r in rows for x in r), dtype=np.int32, count=int(ptr[-1]))
-            return ptr, flat
-
         n = len(self.kind)
-        edges = np.array(list(self.edges), dtype=np.int64).reshape(-1, 2)
-        edges = edges[np.lexsort((edges[:, 1], edges[:, 0]))]
-        succ_ptr = np.zeros(n + 1, dtype=np.int32)
-        succ_ptr[1:] = np.cumsum(np.bincount(edges[:, 0], minlength=n))
-        succ_index = edges[:, 1].astype(np.int32)
-        link_ptr, link_index = csr(self.links)
-        consumer_ptr, consumer_task = csr([sorted(set(c)) for c in self.buffer_consumers])
+        succ_ptr, succ_index = _pairs_csr(self.edge_src, self.edge_dst, n, n)
+        consumer_ptr, consumer_task = _pairs_csr(
+            self.read_buffer, self.read_task, len(self.buffer_device), n
+        )
+        link_ptr = np.zeros(n + 1, dtype=np.int32)
+        link_ptr[1:] = np.cumsum(self.link_count)
         return TaskGraph(
             num_devices=self.num_devices,
             num_links=num_links,
@@ -140,7 +175,7 @@ class _Builder:
             task_group=np.array(self.group, dtype=np.int32),
             task_bytes=np.array(self.nbytes, dtype=np.int64),
             link_ptr=link_ptr,
-            link_index=link_index,
+            link_index=np.array(self.link_index, dtype=np.int32),
             succ_ptr=succ_ptr,
             succ_index=succ_index,
             buffer_device=np.array(self.buffer_device, dtype=np.int32),
@@ -155,25 +190,62 @@ class _Builder:
         )
 
 
-class _Compiler:
+def _csr_lists(ptr: np.ndarray, index: np.ndarray) -> list[list[int]]:
+    """Rows of a CSR adjacency as Python lists."""
+    bounds, flat = ptr.tolist(), index.tolist()
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
+def _split_kinds(ir: GraphIR) -> list[int]:
+    """Kind of each tensor's copies made by split replicas: partial (sum, mean, the
+    replica's own value) by its aggregation, else a slice when it carries the batch."""
+    aggregations, axes = ir.tensor_aggregation.tolist(), ir.tensor_batch_axis.tolist()
+    return [
+        _KIND_OF_AGGREGATION.get(aggregation, _SLICE if axis >= 0 else _FULL)
+        for aggregation, axis in zip(aggregations, axes, strict=True)
+    ]
+
+
+class TaskCompiler:
+    """Compiles strategies for one graph on one cluster into task graphs.
+
+    Everything that does not depend on the strategy is prepared here once, and op and
+    communication times are remembered across strategies: keep one per (graph, cluster)
+    when compiling many strategies (:class:`~tagplan.planner.evaluate.Evaluator` does).
+    """
+
     def __init__(
         self,
         ir: GraphIR,
         cluster: Cluster,
-        resolved: ResolvedStrategy,
+        *,
         costs: OpCostModel,
-        comm: CommModel,
+        comm: CommModel | None = None,
     ) -> None:
-        self.ir, self.cluster, self.resolved = ir, cluster, resolved
-        self.costs, self.comm = costs, comm
-        self.placement = place(ir, resolved)
-        self.memory = op_memory(ir)
-        self.out = _Builder(cluster.num_devices)
-        self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
-        self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
-        # per-replica values (batch statistics, shapes) by (tensor, device)
-        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
+        self.ir, self.cluster, self.costs = ir, cluster, costs
+        self.comm = comm or CommModel(cluster)
+        self.op_inputs = _csr_lists(ir.op_input_ptr, ir.op_input_tensor)
+        self.op_control_preds = _csr_lists(ir.control_ptr, ir.control_pred)
+        bounds = ir.op_output_ptr.tolist()
+        self.op_outputs = [range(bounds[i], bounds[i + 1]) for i in range(ir.num_ops)]
+        self.tensor_bytes = ir.tensor_bytes.tolist()
+        self.tensor_memory_bytes = op_memory(ir).tensor_bytes.tolist()
+        self.tensor_carries = (ir.tensor_batch_axis >= 0).tolist()
+        self.tensor_split_kind = _split_kinds(ir)
+        self.tensor_names = [
+            f"{ir.op_names[op]}:{slot}"
+            for op, slot in zip(ir.tensor_producer.tolist(), ir.tensor_slot.tolist(), strict=True)
+        ]
+        self.gradients = frozenset(ir.parameters.gradient_tensor.tolist())
+        self.device_names = list(cluster.device_names)
+        self.device_machine = cluster.device_machine.tolist()
         self.device_type = [cluster.type_names[t] for t in cluster.device_type]
+        efficiency = costs.efficiency
+        self.aux_launch_s = efficiency.launch_s
+        self.aux_bandwidth = [
+            costs.gpu(t).memory_bandwidth_gb_per_s * 1e9 * efficiency.memory
+            for t in self.device_type
+        ]
         num_devices, num_machines = cluster.num_devices, cluster.num_machines
         self.num_links = 2 * num_devices + 2 * num_machines
         self.link_names = (
@@ -182,58 +254,102 @@ class _Compiler:
             + [f"{n}/uplink" for n in cluster.machine_names]
             + [f"{n}/downlink" for n in cluster.machine_names]
         )
-        self.compute_s = 0.0
-        self.measured_s = 0.0
-        self.gradients = set(ir.parameters.gradient_tensor.tolist())
-        # per gradient AllReduce: (task, op group, bytes, participating devices, algorithm)
-        self.collectives: list[tuple[int, int, int, np.ndarray, str]] = []
+        self.path_links = [
+            [self._path_links(src, dst) for dst in range(num_devices)] for src in range(num_devices)
+        ]
+        self._op_times: dict[tuple[int, int], tuple[list[float], list[bool]]] = {}
+        self._p2p_s: dict[tuple[int, int, int], float] = {}
+        self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
 
-    # resources -----------------------------------------------------------------------------
+    def compile(self, resolved: ResolvedStrategy) -> CompiledTasks:
+        """The task graph of one resolved strategy."""
+        return _Compiler(self, resolved).compile()
+
+    # links ---------------------------------------------------------------------------------
     def _path_links(self, src: int, dst: int) -> list[int]:
         d, m = self.cluster.num_devices, self.cluster.num_machines
-        machine = self.cluster.device_machine
+        machine = self.device_machine
         links = [src, d + dst]
         if machine[src] != machine[dst]:
-            links += [2 * d + int(machine[src]), 2 * d + m + int(machine[dst])]
+            links += [2 * d + machine[src], 2 * d + m + machine[dst]]
         return links
 
-    def _collective_links(self, devices: np.ndarray) -> list[int]:
+    def collective_links(self, devices: tuple[int, ...]) -> list[int]:
+        """Every participant's ports, and the uplinks of their machines if more than one."""
         d, m = self.cluster.num_devices, self.cluster.num_machines
-        links = [int(x) for x in devices] + [d + int(x) for x in devices]
-        machines = np.unique(self.cluster.device_machine[devices])
+        links = [x for x in devices] + [d + x for x in devices]
+        machines = sorted({self.device_machine[x] for x in devices})
         if len(machines) > 1:
-            links += [2 * d + int(x) for x in machines] + [2 * d + m + int(x) for x in machines]
+            links += [2 * d + x for x in machines] + [2 * d + m + x for x in machines]
         return links
 
-    def _aux_seconds(self, device: int, nbytes: float) -> float:
+    # times -----------------------------------------------------------------------------------
+    def op_times(self, device: int, local_batch: int) -> tuple[list[float], list[bool]]:
+        """Seconds and measured flags of every op on ``device`` at ``local_batch``."""
+        key = (device, local_batch)
+        found = self._op_times.get(key)
+        if found is None:
+            times = self.costs.op_times(self.device_type[device], local_batch)
+            found = self._op_times[key] = (times.seconds.tolist(), times.measured.tolist())
+        return found
+
+    def aux_seconds(self, device: int, nbytes: int) -> float:
         """A memory-bound auxiliary op (Split/Concat/AddN) moving ``nbytes``."""
-        spec = self.costs.gpu(self.device_type[device])
-        efficiency = self.costs.efficiency
-        bandwidth = spec.memory_bandwidth_gb_per_s * 1e9 * efficiency.memory
-        return efficiency.launch_s + nbytes / bandwidth
+        return self.aux_launch_s + nbytes / self.aux_bandwidth[device]
+
+    def p2p_seconds(self, src: int, dst: int, nbytes: int) -> float:
+        key = (src, dst, nbytes)
+        found = self._p2p_s.get(key)
+        if found is None:
+            found = self._p2p_s[key] = float(self.comm.p2p_time_s(src, dst, nbytes))
+        return found
+
+    def allreduce_seconds(self, devices: tuple[int, ...], nbytes: int, algorithm: str) -> float:
+        key = (devices, nbytes, algorithm)
+        found = self._allreduce_s.get(key)
+        if found is None:
+            seconds = self.comm.allreduce_time_s(np.array(devices), nbytes, algorithm=algorithm)
+            found = self._allreduce_s[key] = float(seconds)
+        return found
+
+
+class _Compiler:
+    """The rewrite rules applied to one strategy; ``fixed`` holds what the strategy does
+    not change."""
+
+    def __init__(self, fixed: TaskCompiler, resolved: ResolvedStrategy) -> None:
+        self.fixed, self.resolved = fixed, resolved
+        self.batch = fixed.ir.batch_size
+        self.placement = place(fixed.ir, resolved)
+        self.op_group = resolved.op_group.tolist()
+        self.out = _Builder(fixed.cluster.num_devices)
+        self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
+        self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
+        # per-replica values (batch statistics, shapes) by (tensor, device)
+        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
+        self.compute_s = 0.0
+        self.measured_s = 0.0
+        self.collectives: list[_Collective] = []
 
     # tensors -----------------------------------------------------------------------------
     def _bytes(self, tensor: int, lo: int, hi: int, *, memory: bool = False) -> int:
-        full = self.memory.tensor_bytes[tensor] if memory else self.ir.tensor_bytes[tensor]
-        if self.ir.tensor_batch_axis[tensor] < 0:
-            return int(full)
-        return int(np.rint(full * (hi - lo) / self.ir.batch_size))
-
-    def _name(self, tensor: int) -> str:
-        op = int(self.ir.tensor_producer[tensor])
-        return f"{self.ir.op_names[op]}:{int(self.ir.tensor_slot[tensor])}"
+        fixed = self.fixed
+        full = (fixed.tensor_memory_bytes if memory else fixed.tensor_bytes)[tensor]
+        if not fixed.tensor_carries[tensor]:
+            return full
+        return round(full * (hi - lo) / self.batch)
 
     def _transfer(self, tensor: int, copy: _Copy, dst: int, group: int) -> _Copy:
+        fixed = self.fixed
         nbytes = self._bytes(tensor, copy.lo, copy.hi)
-        seconds = float(self.comm.p2p_time_s(copy.device, dst, nbytes))
         task = self.out.task(
             TRANSFER,
             -1,
-            seconds,
+            fixed.p2p_seconds(copy.device, dst, nbytes),
             group,
-            f"send {self._name(tensor)}[{copy.lo}:{copy.hi}] -> {self.cluster.device_names[dst]}",
+            f"send {fixed.tensor_names[tensor]}[{copy.lo}:{copy.hi}] -> {fixed.device_names[dst]}",
             nbytes=nbytes,
-            links=self._path_links(copy.device, dst),
+            links=fixed.path_links[copy.device][dst],
         )
         self.out.read(copy, task)
         buffer = self.out.buffer(dst, self._bytes(tensor, copy.lo, copy.hi, memory=True), task)
@@ -252,7 +368,7 @@ class _Compiler:
         return self._transfer(tensor, copy, device, group)
 
     def _closest(self, copies: list[_Copy], device: int) -> _Copy:
-        machine = self.cluster.device_machine
+        machine = self.fixed.device_machine
         return min(
             copies,
             key=lambda c: (c.device != device, machine[c.device] != machine[device], c.device),
@@ -260,7 +376,7 @@ class _Compiler:
 
     def _full(self, tensor: int, device: int, group: int, reader: int) -> _Copy:
         """The whole tensor on ``device`` (TAG §4.3.1's Concat / AddN / transfer)."""
-        batch = self.ir.batch_size
+        batch = self.batch
         cached = self.cache.get((tensor, device, 0, batch))
         if cached is not None:
             return cached
@@ -277,9 +393,9 @@ class _Compiler:
         task = self.out.task(
             COMPUTE,
             device,
-            self._aux_seconds(device, 2 * nbytes),
+            self.fixed.aux_seconds(device, 2 * nbytes),
             group,
-            f"concat {self._name(tensor)} on {self.cluster.device_names[device]}",
+            f"concat {self.fixed.tensor_names[tensor]} on {self.fixed.device_names[device]}",
         )
         for piece in local:
             self.out.read(piece, task)
@@ -298,9 +414,9 @@ class _Compiler:
         """Sum (or average) partial results: one AllReduce when the readers are copies on
         the partials' GPUs (mirrored parameter updates), otherwise push to ``device`` and
         AddN there."""
-        members = np.unique([c.device for c in partial])
-        readers = np.unique(self.placement.devices(reader))
-        if len(members) > 1 and set(members.tolist()) <= set(readers.tolist()):
+        members = tuple(sorted({c.device for c in partial}))
+        readers = set(self.placement.devices(reader).tolist())
+        if len(members) > 1 and readers.issuperset(members):
             # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
             self._allreduce(tensor, partial, members, group, reader)
             return self._full(tensor, device, group, reader)
@@ -309,13 +425,13 @@ class _Compiler:
 
     def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
         """An ``AddN`` on ``device`` of pieces already there."""
-        batch = self.ir.batch_size
+        batch = self.batch
         task = self.out.task(
             COMPUTE,
             device,
-            self._aux_seconds(device, (len(pieces) + 1) * self._bytes(tensor, 0, batch)),
+            self.fixed.aux_seconds(device, (len(pieces) + 1) * self._bytes(tensor, 0, batch)),
             group,
-            f"addn {self._name(tensor)} on {self.cluster.device_names[device]}",
+            f"addn {self.fixed.tensor_names[tensor]} on {self.fixed.device_names[device]}",
         )
         for piece in pieces:
             self.out.read(piece, task)
@@ -329,18 +445,18 @@ class _Compiler:
         self,
         tensor: int,
         partial: list[_Copy],
-        members: np.ndarray,
+        members: tuple[int, ...],
         group: int,
         reader: int,
     ) -> None:
-        batch = self.ir.batch_size
+        fixed, batch = self.fixed, self.batch
         nbytes = self._bytes(tensor, 0, batch)
-        algorithm = self.resolved.group_collective[int(self.resolved.op_group[reader])]
+        reader_group = self.op_group[reader]
+        algorithm = self.resolved.group_collective[reader_group]
         name = "auto" if algorithm == Collective.AUTO else str(algorithm)
-        seconds = float(self.comm.allreduce_time_s(members, nbytes, algorithm=name))
         # several replicas on one GPU: add them up locally first
         inputs: list[_Copy] = []
-        for member in members.tolist():
+        for member in members:
             local = [c for c in partial if c.device == member]
             inputs.append(
                 local[0] if len(local) == 1 else self._add(tensor, local, member, group, _SUM)
@@ -348,19 +464,18 @@ class _Compiler:
         task = self.out.task(
             COLLECTIVE,
             -1,
-            seconds,
+            fixed.allreduce_seconds(members, nbytes, name),
             group,
-            f"allreduce {self._name(tensor)} over {len(members)} GPUs",
+            f"allreduce {fixed.tensor_names[tensor]} over {len(members)} GPUs",
             nbytes=nbytes,
-            links=self._collective_links(members),
+            links=fixed.collective_links(members),
         )
         for piece in inputs:
             self.out.read(piece, task)
-        if tensor in self.gradients:  # gradient sync modes apply to these alone
-            self.collectives.append(
-                (task, int(self.resolved.op_group[reader]), nbytes, members, name)
-            )
-        for member in members.tolist():
+        if tensor in fixed.gradients:  # gradient sync modes apply to these alone
+            waits = frozenset(piece.task for piece in inputs)
+            self.collectives.append(_Collective(task, reader_group, nbytes, members, name, waits))
+        for member in members:
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
             self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))
 
@@ -372,16 +487,17 @@ class _Compiler:
         exact = [c for c in self.copies[tensor] if c.kind == _SLICE and (c.lo, c.hi) == (lo, hi)]
         if exact:
             return self._local(tensor, self._closest(exact, device), device, group)
-        whole_here = self.cache.get((tensor, device, 0, self.ir.batch_size))
+        whole_here = self.cache.get((tensor, device, 0, self.batch))
         source = device if whole_here is not None else self._hub(tensor)
         whole = self._full(tensor, source, group, reader)
         nbytes = self._bytes(tensor, lo, hi)
         task = self.out.task(
             COMPUTE,
             source,
-            self._aux_seconds(source, 2 * nbytes),
+            self.fixed.aux_seconds(source, 2 * nbytes),
             group,
-            f"split {self._name(tensor)}[{lo}:{hi}] on {self.cluster.device_names[source]}",
+            f"split {self.fixed.tensor_names[tensor]}[{lo}:{hi}] on "
+            f"{self.fixed.device_names[source]}",
         )
         self.out.read(whole, task)
         buffer = self.out.buffer(source, self._bytes(tensor, lo, hi, memory=True), task)
@@ -407,122 +523,118 @@ class _Compiler:
     def _schedule_collectives(self) -> None:
         """Apply each group's gradient-sync mode to its AllReduces (see GradientSync)."""
         decisions = self.resolved.group_decisions
-        if all(decisions[c[1]].gradient_sync == GradientSync.OVERLAP for c in self.collectives):
+        if all(decisions[c.group].gradient_sync == GradientSync.OVERLAP for c in self.collectives):
             return
-        collective_tasks = {c[0] for c in self.collectives}
-        inputs: dict[int, set[int]] = {}
-        for pred, succ in self.out.edges:
-            if succ in collective_tasks:
-                inputs.setdefault(succ, set()).add(pred)
-        for group in sorted({c[1] for c in self.collectives}):
+        every_gradient = frozenset().union(*(c.inputs for c in self.collectives))
+        for group in sorted({c.group for c in self.collectives}):
             decision = decisions[group]
-            members = [c for c in self.collectives if c[1] == group]
+            members = [c for c in self.collectives if c.group == group]
             if decision.gradient_sync == GradientSync.AFTER_BACKWARD:
-                every_gradient = {p for c in self.collectives for p in inputs.get(c[0], ())}
-                _barrier(self.out, "after backward", group, every_gradient, [c[0] for c in members])
+                releases = [c.task for c in members]
+                _barrier(self.out, "after backward", group, every_gradient, releases)
             elif decision.gradient_sync == GradientSync.BUCKETED:
-                bucket: list[tuple[int, int, int, np.ndarray, str]] = []
+                bucket: list[_Collective] = []
                 for collective in [*members, None]:
-                    full = sum(c[2] for c in bucket) >= decision.bucket_bytes
+                    full = sum(c.nbytes for c in bucket) >= decision.bucket_bytes
                     if bucket and (collective is None or full):
-                        self._fuse(bucket, inputs, group)
+                        self._fuse(bucket, group)
                         bucket = []
                     if collective is not None:
                         bucket.append(collective)
 
-    def _fuse(self, bucket: list, inputs: dict[int, set[int]], group: int) -> None:
+    def _fuse(self, bucket: list[_Collective], group: int) -> None:
         """Horovod tensor fusion: the bucket's AllReduces start together when its last
         gradient is ready and share one latency: each takes its share of the fused time."""
-        total = sum(c[2] for c in bucket)
-        fused = float(self.comm.allreduce_time_s(bucket[0][3], total, algorithm=bucket[0][4]))
-        for task, _, nbytes, _, _ in bucket:
-            self.out.duration[task] = fused * nbytes / total if total else 0.0
-        waits = {p for c in bucket for p in inputs.get(c[0], ())}
-        _barrier(self.out, f"bucket of {len(bucket)}", group, waits, [c[0] for c in bucket])
+        total = sum(c.nbytes for c in bucket)
+        fused = self.fixed.allreduce_seconds(bucket[0].members, total, bucket[0].algorithm)
+        for c in bucket:
+            self.out.duration[c.task] = fused * c.nbytes / total if total else 0.0
+        waits = frozenset().union(*(c.inputs for c in bucket))
+        _barrier(self.out, f"bucket of {len(bucket)}", group, waits, [c.task for c in bucket])
 
     # ops ---------------------------------------------------------------------------------
-    def _publish(self, op: int, inst: int, task: int) -> None:
-        device = int(self.placement.inst_device[inst])
-        lo, hi = int(self.placement.inst_lo[inst]), int(self.placement.inst_hi[inst])
-        split = self.placement.op_mode[op] == Mode.SPLIT
-        for tensor in self.ir.outputs(op):
-            carries = self.ir.tensor_batch_axis[tensor] >= 0
-            aggregation = int(self.ir.tensor_aggregation[tensor])
-            if not split:
-                kind, lo_t, hi_t = _FULL, 0, self.ir.batch_size
-            elif aggregation == _AGG_SUM:
-                kind, lo_t, hi_t = _SUM, lo, hi
-            elif aggregation == _AGG_MEAN:
-                kind, lo_t, hi_t = _MEAN, lo, hi
-            elif aggregation == _AGG_LOCAL:
-                kind, lo_t, hi_t = _LOCAL, lo, hi
-            elif carries:
-                kind, lo_t, hi_t = _SLICE, lo, hi
-                if (lo, hi) == (0, self.ir.batch_size):
-                    kind = _FULL
+    def _compute(self, op: int, group: int, device: int, local_batch: int, name: str) -> int:
+        """The compute task of one op instance, timed for its GPU and local batch."""
+        seconds, measured = self.fixed.op_times(device, local_batch)
+        self.compute_s += seconds[op]
+        self.measured_s += seconds[op] if measured[op] else 0.0
+        return self.out.task(COMPUTE, device, seconds[op], group, name)
+
+    def _inputs(self, op: int, split: bool, device: int, lo: int, hi: int, task: int) -> None:
+        """Bring every input of one instance of ``op`` to it (TAG §4.3.1)."""
+        group, carries = self.op_group[op], self.fixed.tensor_carries
+        for tensor in self.fixed.op_inputs[op]:
+            if split and carries[tensor]:
+                copy = self._slice(tensor, device, lo, hi, group, op)
             else:
-                kind, lo_t, hi_t = _FULL, 0, self.ir.batch_size
+                copy = self._same_replica(tensor, device, lo, hi) or self._full(
+                    tensor, device, group, op
+                )
+            self.out.read(copy, task)
+
+    def _publish(self, op: int, split: bool, device: int, lo: int, hi: int, task: int) -> None:
+        """Make the outputs of one instance of ``op`` available to its readers."""
+        fixed, batch = self.fixed, self.batch
+        for tensor in fixed.op_outputs[op]:
+            kind = fixed.tensor_split_kind[tensor] if split else _FULL
+            if kind == _FULL:
+                lo_t, hi_t = 0, batch
+            else:
+                lo_t, hi_t = lo, hi
+                if kind == _SLICE and (lo, hi) == (0, batch):
+                    kind = _FULL
             nbytes = self._bytes(tensor, lo_t, hi_t, memory=True)
-            buffer = self.out.buffer(device, nbytes, task)
-            copy = _Copy(device, lo_t, hi_t, kind, task, buffer)
+            copy = _Copy(device, lo_t, hi_t, kind, task, self.out.buffer(device, nbytes, task))
             self.copies[tensor].append(copy)
             if kind in (_MEAN, _LOCAL):
-                self.replica_values.setdefault((int(tensor), device), []).append(copy)
+                self.replica_values.setdefault((tensor, device), []).append(copy)
             if kind in (_FULL, _SLICE):
-                self.cache.setdefault((int(tensor), device, lo_t, hi_t), copy)
+                self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
+
+    def _persistent_bytes(self) -> np.ndarray:
+        """Variable bytes resident on each device: every instance of a variable holds them."""
+        ir, placement = self.fixed.ir, self.placement
+        op_of_instance = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
+        held = ir.variable_bytes[op_of_instance]
+        persistent = np.zeros(self.fixed.cluster.num_devices, dtype=np.int64)
+        np.add.at(persistent, placement.inst_device[held > 0], held[held > 0])
+        return persistent
 
     def compile(self) -> CompiledTasks:
-        ir, placement = self.ir, self.placement
-        instance_task = np.zeros(placement.num_instances, dtype=np.int32)
-        for op in range(ir.num_ops):
-            group = int(self.resolved.op_group[op])
-            split = placement.op_mode[op] == Mode.SPLIT
-            for inst in placement.instances(op):
-                device = int(placement.inst_device[inst])
-                lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
-                times = self.costs.op_times(self.device_type[device], max(hi - lo, 1))
-                seconds = float(times.seconds[op])
-                self.compute_s += seconds
-                self.measured_s += seconds if times.measured[op] else 0.0
-                task = self.out.task(
-                    COMPUTE,
-                    device,
-                    seconds,
-                    group,
-                    f"{ir.op_names[op]}/replica_{inst - placement.inst_ptr[op]}",
-                )
+        fixed, placement = self.fixed, self.placement
+        inst_ptr = placement.inst_ptr.tolist()
+        inst_device = placement.inst_device.tolist()
+        inst_lo, inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
+        op_split = (placement.op_mode == Mode.SPLIT).tolist()
+        instance_task = [0] * placement.num_instances
+        for op, op_name in enumerate(fixed.ir.op_names):
+            split, group, first = op_split[op], self.op_group[op], inst_ptr[op]
+            for inst in range(first, inst_ptr[op + 1]):
+                device, lo, hi = inst_device[inst], inst_lo[inst], inst_hi[inst]
+                name = f"{op_name}/replica_{inst - first}"
+                task = self._compute(op, group, device, max(hi - lo, 1), name)
                 instance_task[inst] = task
-                for tensor in ir.inputs(op).tolist():
-                    if split and ir.tensor_batch_axis[tensor] >= 0:
-                        copy = self._slice(tensor, device, lo, hi, group, op)
-                    else:
-                        copy = self._same_replica(tensor, device, lo, hi) or self._full(
-                            tensor, device, group, op
-                        )
-                    self.out.read(copy, task)
-                for pred in ir.control_preds(op).tolist():
-                    for pred_inst in placement.instances(pred):
-                        self.out.edges.add((int(instance_task[pred_inst]), task))
-                self._publish(op, inst, task)
+                self._inputs(op, split, device, lo, hi, task)
+                for pred in fixed.op_control_preds[op]:
+                    self.out.edges(instance_task[inst_ptr[pred] : inst_ptr[pred + 1]], task)
+                self._publish(op, split, device, lo, hi, task)
         self._schedule_collectives()
-        persistent = np.zeros(self.cluster.num_devices, dtype=np.int64)
-        for op in np.flatnonzero(ir.variable_bytes > 0).tolist():
-            for device in placement.devices(op).tolist():
-                persistent[device] += int(ir.variable_bytes[op])
         graph = self.out.build(
-            persistent, self.num_links, self.cluster.device_names, self.link_names
+            self._persistent_bytes(), fixed.num_links, fixed.device_names, fixed.link_names
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
-        return CompiledTasks(graph, placement, instance_task, measured)
+        return CompiledTasks(graph, placement, np.array(instance_task, dtype=np.int32), measured)
 
 
 def _barrier(
-    out: _Builder, name: str, group: int, waits_for: set[int], releases: list[int]
+    out: _Builder, name: str, group: int, waits_for: frozenset[int], releases: list[int]
 ) -> None:
     """A zero-time task that ``releases`` wait for and that waits for ``waits_for``."""
     task = out.task(TRANSFER, -1, 0.0, group, name)
-    out.edges.update((pred, task) for pred in waits_for)
-    out.edges.update((task, succ) for succ in releases)
+    for pred in waits_for:
+        out.edge(pred, task)
+    for succ in releases:
+        out.edge(task, succ)
 
 
 def compile_tasks(
@@ -533,5 +645,6 @@ def compile_tasks(
     costs: OpCostModel,
     comm: CommModel | None = None,
 ) -> CompiledTasks:
-    """Compile a resolved strategy into the simulator's task graph."""
-    return _Compiler(ir, cluster, resolved, costs, comm or CommModel(cluster)).compile()
+    """Compile a resolved strategy into the simulator's task graph (once; to compile many
+    strategies of one graph, keep a :class:`TaskCompiler`)."""
+    return TaskCompiler(ir, cluster, costs=costs, comm=comm).compile(resolved)
