@@ -31,7 +31,8 @@ Variables mirrored on several GPUs are one ``VarHandleOp`` per GPU with distinct
 ``shared_name`` s; whoever deploys the graph gives them identical initial values. Under
 a parameter server they exist once, on the PS GPU. A split instance whose shape argument
 (``Reshape``'s shape, ``Conv2DBackpropInput``'s input sizes, ``Fill``, ``BroadcastTo``,
-``AvgPoolGrad``, ``StridedSliceGrad``, ``ScatterNd``) is the op's full output shape
+``AvgPoolGrad``, ``StridedSliceGrad``, ``ScatterNd``, ``Slice``'s size: a ``Pad``
+gradient) is the op's full output shape
 reads its local shape instead: a new ``Const`` when the argument is built from
 constants, a ``SelectV2`` swapping the full entries for the local ones when it is
 computed.
@@ -88,6 +89,7 @@ _SHAPE_ARGUMENTS = {
     "AvgPool3DGrad": 0,
     "StridedSliceGrad": 0,
     "ScatterNd": 2,
+    "Slice": 2,
 }
 
 

@@ -62,6 +62,11 @@ from typing import Any
 
 import numpy as np
 
+from tagplan.planner.compile.batchnorm import (
+    batch_norm_splits,
+    lower_batch_norms,
+    per_replica_statistics,
+)
 from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze
@@ -109,6 +114,7 @@ class VerifyReport:
     variables: tuple[VariableCheck, ...] = ()
     problems: tuple[str, ...] = ()
     auxiliary: dict[str, int] = field(default_factory=dict)
+    per_replica_batch_norms: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,8 +129,23 @@ class VerifyReport:
             f"{len(self.variables)} variables, worst rel error {worst:.2e} "
             f"(abs {worst_abs:.2e})"
         ]
+        if self.per_replica_batch_norms:
+            lines[0] += f"; {self.per_replica_batch_norms} batch norms with per-replica statistics"
         lines += [f"  {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+@dataclass(eq=False)
+class _Original:
+    """The original graph at the verifying batch, its batch and its initial values."""
+
+    label: str
+    graph_def: Any  # this package's GraphDef
+    ir: GraphIR
+    feed: dict[str, np.ndarray]
+    init: str
+    train: str | list[str]  # the train node, or every sink of the step
+    initial: dict[str, np.ndarray] | None = None
 
 
 @dataclass(eq=False)
@@ -138,6 +159,7 @@ class _Reference:
     initial: dict[str, np.ndarray]
     loss: float
     updated: dict[str, np.ndarray]
+    per_replica_batch_norms: int = 0
 
 
 def _tensorflow() -> Any:
@@ -226,31 +248,63 @@ def _variables(ir: GraphIR) -> list[str]:
     return [ir.op_names[op] for op in range(ir.num_ops) if ir.op_types[op] in VARIABLE_OPS]
 
 
-def _run_original(tf: Any, graph_spec: str, batch_size: int, seed: int, double: bool) -> _Reference:
+def _load_original(tf: Any, graph_spec: str, batch_size: int, seed: int, double: bool) -> _Original:
     graph_def, ir, inputs, init, train = _load(graph_spec, batch_size)
+    if ir.loss_op < 0:
+        raise InvalidInput(f"{graph_spec} has no loss to compare")
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
     if double:
         feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
-    names = _variables(ir)
-    if ir.loss_op < 0:
-        raise InvalidInput(f"{graph_spec} has no loss to compare")
+    if train is None:  # every sink of the step, as the compiled train_op
+        used = {_name(i) for node in graph_def.node for i in node.input}
+        train = [n for n in ir.op_names if n not in used]
+    return _Original(graph_spec, graph_def, ir, feed, init, train)
+
+
+def _run_original(
+    tf: Any, original: _Original, splits: Mapping[str, Sequence[tuple[int, int]]], double: bool
+) -> _Reference:
+    """One step of the original graph, with per-replica batch statistics for ``splits``.
+
+    The first run initializes the variables with the graph's initializer and keeps their
+    values; later runs assign those values.
+    """
+    graph_def = original.graph_def
+    if splits:
+        graph_def = per_replica_statistics(graph_def, original.ir, splits)
+    names = _variables(original.ir)
     with tf.Graph().as_default() as graph:
         runnable = to_float64(graph_def) if double else graph_def
         tf.compat.v1.import_graph_def(
             tf.compat.v1.GraphDef.FromString(runnable.SerializeToString()), name=""
         )
         reads = {name: _reader(tf, graph, name) for name in names}
-        if train is None:  # every sink of the step, as the compiled train_op
-            used = {_name(i) for node in graph_def.node for i in node.input}
-            sinks = [graph.get_operation_by_name(n) for n in ir.op_names if n not in used]
-            train = tf.group(*sinks)
+        if isinstance(original.train, str):
+            train = original.train
+        else:
+            train = tf.group(*[graph.get_operation_by_name(n) for n in original.train])
+        assigns = {} if original.initial is None else {n: _assigner(tf, graph, n) for n in names}
         with _session(tf, graph, 1) as session:
-            session.run(init)
-            initial = session.run(reads)
-            fed = {f"{name}:0": value for name, value in feed.items()}
-            loss, _ = session.run([f"{ir.op_names[ir.loss_op]}:0", train], fed)
+            if original.initial is None:
+                session.run(original.init)
+                original.initial = session.run(reads)
+            initial = original.initial
+            for batch in _batches(list(assigns), lambda n: initial[n].nbytes):
+                run = [assigns[n][1] for n in batch]
+                session.run(run, {assigns[n][0]: initial[n] for n in batch})
+            fed = {f"{name}:0": value for name, value in original.feed.items()}
+            loss, _ = session.run([f"{original.ir.op_names[original.ir.loss_op]}:0", train], fed)
             updated = session.run(reads)
-    return _Reference(graph_spec, graph_def, ir, feed, initial, float(loss), updated)
+    return _Reference(
+        original.label,
+        original.graph_def,
+        original.ir,
+        original.feed,
+        original.initial,
+        float(loss),
+        updated,
+        sum(len(rows) > 1 for rows in splits.values()),
+    )
 
 
 def _name(ref: str) -> str:
@@ -327,7 +381,7 @@ def to_float64(graph_def: Any) -> Any:
                     kinds[i] = kind + _DT_DOUBLE - _DT_FLOAT
             if attr.HasField("tensor") and attr.tensor.dtype == _DT_FLOAT:
                 _widen(attr.tensor)
-    return out
+    return lower_batch_norms(out)
 
 
 def _widen(tensor: Any) -> None:
@@ -414,6 +468,7 @@ def _run_compiled(
         "rtol": rtol,
         "atol": atol,
         "loss_expected": reference.loss,
+        "per_replica_batch_norms": reference.per_replica_batch_norms,
         "auxiliary": compiled.auxiliary_counts(),
     }
     device_map = compiled.device_map
@@ -495,18 +550,29 @@ def verify_many(
         raise InvalidInput(f"precision must be float64 or float32, got {precision!r}")
     double = precision == "float64"
     tf = _tensorflow()
-    reference = _run_original(tf, graph_spec, batch_size, seed, double)
-    reports = []
+    original = _load_original(tf, graph_spec, batch_size, seed, double)
+    planned: list[tuple[DistributedGraph, str, tuple]] = []
     for index, item in enumerate(strategies):
         if isinstance(item, DistributedGraph):
             compiled, label = item, f"compiled graph {index}"
         else:
             strategy = item if isinstance(item, Strategy) else load_strategy(item)
-            resolved = resolve(strategy, reference.ir, cluster)
-            compiled = compile_graphdef(reference.graph_def, reference.ir, cluster, resolved)
+            resolved = resolve(strategy, original.ir, cluster)
+            compiled = compile_graphdef(original.graph_def, original.ir, cluster, resolved)
             label = strategy.name or f"strategy {index}"
-        reports.append(_run_compiled(tf, reference, cluster, compiled, label, rtol, atol, double))
-    return reports
+        splits = batch_norm_splits(original.ir, compiled.placement)
+        planned.append((compiled, label, tuple(sorted(splits.items()))))
+    # one reference step per way of splitting the batch norms, dropped after its last use
+    reports: dict[int, VerifyReport] = {}
+    for key in dict.fromkeys(key for _, _, key in planned):
+        reference = _run_original(tf, original, dict(key), double)
+        for index, (compiled, label, used) in enumerate(planned):
+            if used == key:
+                reports[index] = _run_compiled(
+                    tf, reference, cluster, compiled, label, rtol, atol, double
+                )
+        del reference
+    return [reports[index] for index in range(len(planned))]
 
 
 def verify(
