@@ -1,0 +1,159 @@
+"""planner.plan(): phases, budgets, determinism, root-parallel shards, the choice against
+the baselines, infeasible inputs, and proof by execution of the returned plan."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+
+from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
+from tagplan.planner.topology import load_cluster
+
+
+@cache
+def zoo(name: str, batch_size: int | None = None):
+    source = load_graph_source(f"zoo:{name}")
+    ir = analyze(
+        source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=batch_size
+    )
+    return source, ir
+
+
+def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None = None):
+    spec: dict = {
+        "machines": [
+            {
+                "name": f"m{i}",
+                "gpus": {"type": kind, "count": per_machine},
+                "intra_bandwidth_gbps": 96,
+            }
+            for i in range(machines)
+        ],
+        "network": {"bandwidth_gbps": 25},
+    }
+    if memory_gib is not None:
+        spec["gpu_types"] = [
+            {
+                "name": kind,
+                "fp32_tflops": 10,
+                "memory_bandwidth_gb_per_s": 500,
+                "memory_gib": memory_gib,
+            }
+        ]
+    return load_cluster(spec)
+
+
+def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None:
+    source, ir = zoo("vgg19")
+    phases: list[str] = []
+    result = plan(
+        ir,
+        load_cluster("testbed"),
+        graph_def=source.graph_def,
+        options=PlanOptions(iterations=30, budget_s=600),
+        progress=lambda p: phases.append(p.phase),
+    )
+    assert not result.evaluation.result.oom
+    fitting = [s for s in result.baselines.values() if s is not None]
+    assert set(result.baselines) >= {"dp-nccl", "dp-nccl-p", "horovod", "m-topo", "m-etf"}
+    assert result.step_time_s <= min(fitting)
+    assert result.speedup_vs_dp_nccl == pytest.approx(
+        result.baselines["dp-nccl"] / result.step_time_s
+    )
+    assert 0 < result.lower_bound_s <= result.step_time_s
+    assert result.iterations == 30
+    # phases in order, each reported
+    order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    assert order == [p for p in PHASES if p != "analyze"]
+    summary = json.loads(json.dumps(result.summary()))
+    assert summary["peak_memory_bytes"] == result.peak_memory_bytes
+    assert summary["estimated"]["communication"] == "analytic"
+    assert result.distributed is not None
+    assert len(result.distributed.graph_def.node) > len(source.graph_def.node)
+    trace = result.chrome_trace()
+    assert trace["traceEvents"]
+    report = result.report_markdown()
+    assert "| dp-nccl |" in report and "lower bound" in report
+
+
+def test_a_seed_gives_the_same_plan_and_shards_merge() -> None:
+    _, ir = zoo("mlp")
+    cluster = load_cluster("testbed")
+    options = PlanOptions(iterations=15, budget_s=600, seed=4, sfb=False)
+    a, b = plan(ir, cluster, options=options), plan(ir, cluster, options=options)
+    assert a.strategy == b.strategy and a.step_time_s == b.step_time_s
+    # shards spread over workers: the same trees run one by one, merged by best result
+    planner = Planner(ir, cluster, options=options)
+    outcomes = [
+        SearchOutcome.from_dict(json.loads(json.dumps(planner.search_shard(seed).to_dict())))
+        for seed in (4, 5)
+    ]
+    merged = planner.finish(outcomes)
+    assert merged.iterations == 30
+    assert merged.step_time_s <= a.step_time_s
+    together = plan(
+        ir, cluster, options=PlanOptions(iterations=15, budget_s=600, seed=4, sfb=False, shards=2)
+    )
+    assert together.step_time_s == merged.step_time_s
+
+
+def test_cancel_stops_the_plan() -> None:
+    _, ir = zoo("mlp")
+    seen = []
+
+    def cancel() -> bool:
+        return len(seen) > 3
+
+    with pytest.raises(Cancelled):
+        plan(
+            ir,
+            load_cluster("testbed"),
+            options=PlanOptions(iterations=1000, budget_s=600),
+            progress=seen.append,
+            cancel=cancel,
+        )
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="budget_s"):
+        PlanOptions(budget_s=0)
+    with pytest.raises(InvalidInput, match="shards"):
+        PlanOptions(shards=0)
+
+
+def test_a_graph_that_fits_nowhere_is_infeasible_with_its_overflow() -> None:
+    _, ir = zoo("vgg19")
+    with pytest.raises(Infeasible) as raised:
+        plan(ir, gpus("TINY", 1, 2, memory_gib=0.5), options=PlanOptions(iterations=3))
+    assert raised.value.overflow_bytes > 0
+
+
+@pytest.mark.slow
+def test_bert_large_where_data_parallelism_runs_out_of_memory_gets_a_plan_that_fits() -> None:
+    # batch 48 on four 11 GiB GTX-1080Ti: each replica of DP holds every parameter, its
+    # Adam slots and a quarter of the activations, 11.9 GiB
+    _, ir = zoo("bert_large", 48)
+    result = plan(
+        ir, gpus("GTX-1080Ti", 2, 2), options=PlanOptions(iterations=4, budget_s=600, sfb=False)
+    )
+    assert result.baselines["dp-nccl"] is None and result.baselines["horovod"] is None
+    assert not result.evaluation.result.oom
+    assert result.summary()["oom"] is False
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", "small_cnn", "vgg19"])
+def test_the_returned_plan_computes_the_single_device_step(model: str) -> None:
+    from tagplan.planner.compile.verify import verify
+
+    cluster = gpus("GTX-1080Ti", 2, 2)
+    _, ir = zoo(model, 4)
+    result = plan(ir, cluster, options=PlanOptions(iterations=20, budget_s=600))
+    report = verify(f"zoo:{model}", cluster, result.strategy, batch_size=4)
+    assert report.passed, report.summary()
