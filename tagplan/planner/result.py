@@ -101,14 +101,16 @@ class PlanResult:
         """A human-readable report: tagplan against every baseline and the bound, memory."""
 
         def ms(seconds: float | None) -> str:
-            return "OOM" if seconds is None else f"{seconds * 1e3:,.1f}"
+            if seconds is None:
+                return "OOM"
+            return f"{seconds * 1e3:,.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f}"
 
         rows = [("tagplan", self.step_time_s), *self.baselines.items()]
         lines = [
             f"# {title}",
             "",
-            f"Predicted step: **{self.step_time_s * 1e3:,.1f} ms** "
-            f"(chosen from: {self.chosen_from}); lower bound {self.lower_bound_s * 1e3:,.1f} ms; "
+            f"Predicted step: **{ms(self.step_time_s)} ms** "
+            f"(chosen from: {self.chosen_from}); lower bound {ms(self.lower_bound_s)} ms; "
             f"planned in {self.plan_time_s:.1f} s over {self.iterations} search iterations.",
             "",
             "| strategy | step (ms) | vs tagplan |",

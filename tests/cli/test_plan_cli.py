@@ -1,0 +1,48 @@
+"""``tagplan plan``: the JSON document, the output directory, and bad input as exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tagplan.cli import app
+from tagplan.cli.common import EXIT_BAD_INPUT
+from tagplan.planner.graph.protos import GraphDef
+from tagplan.planner.strategy import load_strategy
+
+runner = CliRunner()
+
+
+def test_plan_json_and_output_directory(tmp_path) -> None:
+    out = tmp_path / "plan"
+    args = ["plan", "zoo:mlp", "-c", "testbed", "--iterations", "5", "--seed", "1"]
+    result = runner.invoke(app, [*args, "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for key in ("step_time_s", "baselines", "lower_bound_s", "speedup_vs_dp_nccl", "plan_time_s"):
+        assert key in summary
+    assert summary["iterations"] == 5
+    assert summary["speedup_vs_dp_nccl"] == summary["baselines"]["dp-nccl"] / summary["step_time_s"]
+    files = {p.name for p in out.iterdir()}
+    assert files >= {
+        "strategy.json",
+        "distributed.pb",
+        "device_map.json",
+        "trace.json",
+        "report.md",
+    }
+    load_strategy((out / "strategy.json").read_text())
+    graph = GraphDef()
+    graph.ParseFromString((out / "distributed.pb").read_bytes())
+    assert graph.node and all(node.device.startswith("/job:worker/") for node in graph.node)
+    assert "| m-etf |" in (out / "report.md").read_text()
+    assert json.loads((out / "trace.json").read_text())["traceEvents"]
+
+
+def test_plan_refuses_bad_input_with_exit_2() -> None:
+    result = runner.invoke(app, ["plan", "zoo:mlp", "-c", "nowhere"])
+    assert result.exit_code == EXIT_BAD_INPUT
+    result = runner.invoke(app, ["plan", "zoo:mlp", "-c", "testbed", "--budget-s", "0"])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "budget_s" in result.output
