@@ -1,0 +1,130 @@
+"""Job state transitions and step outputs, shared by the API and the workers.
+
+Every write is conditional on the job's current status, so a worker that lost a race
+with a cancellation (or a redelivered task) cannot resurrect a finished job.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from tagplan.db.models import Job, JobStatus, JobStep, utcnow
+
+__all__ = [
+    "begin_step",
+    "cancel_job",
+    "finish_job",
+    "is_finished",
+    "record_progress",
+    "save_step",
+    "step_output",
+    "step_outputs",
+]
+
+_ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def is_finished(session: Session, job_id: str) -> bool:
+    """True when the job is gone or succeeded, failed or was cancelled."""
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return status is None or JobStatus(status).finished
+
+
+def begin_step(session: Session, *, job_id: str, step: str, phase: str) -> int:
+    """Mark the job running in ``phase`` and count one more attempt of ``step``."""
+    now = utcnow()
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(_ACTIVE))
+        .values(status=JobStatus.RUNNING, phase=phase, updated_at=now)
+    )
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now)
+    )
+    row = session.get(JobStep, (job_id, step))
+    if row is None:
+        row = JobStep(job_id=job_id, step=step, attempts=0)
+        session.add(row)
+    row.attempts += 1
+    row.updated_at = now
+    session.flush()
+    return row.attempts
+
+
+def record_progress(
+    session: Session,
+    *,
+    job_id: str,
+    phase: str,
+    iterations: int,
+    best_step_time_s: float | None,
+    best_speedup: float | None,
+) -> None:
+    """Phase and progress of a running job (the best figures only ever improve)."""
+    job = session.get(Job, job_id)
+    if job is None or job.status != JobStatus.RUNNING:
+        return
+    job.phase = phase
+    job.iterations = max(job.iterations, iterations)
+    if best_speedup is not None and (job.best_speedup is None or best_speedup > job.best_speedup):
+        job.best_speedup = best_speedup
+    if best_step_time_s is not None and (
+        job.best_step_time_s is None or best_step_time_s < job.best_step_time_s
+    ):
+        job.best_step_time_s = best_step_time_s
+    job.updated_at = utcnow()
+
+
+def step_output(session: Session, *, job_id: str, step: str) -> dict[str, Any] | None:
+    """The stored output of ``step``, None when it has not completed."""
+    return session.scalar(
+        select(JobStep.output).where(JobStep.job_id == job_id, JobStep.step == step)
+    )
+
+
+def step_outputs(session: Session, *, job_id: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """Completed outputs of the steps whose name starts with ``prefix``, by step name."""
+    rows = session.execute(
+        select(JobStep.step, JobStep.output).where(
+            JobStep.job_id == job_id, JobStep.step.startswith(prefix), JobStep.output.is_not(None)
+        )
+    )
+    return {step: output for step, output in rows}
+
+
+def save_step(session: Session, *, job_id: str, step: str, output: dict[str, Any]) -> None:
+    """Upsert ``step``'s output (a rerun overwrites it with the same content)."""
+    row = session.get(JobStep, (job_id, step))
+    if row is None:
+        row = JobStep(job_id=job_id, step=step, attempts=1)
+        session.add(row)
+    row.output = output
+    row.updated_at = utcnow()
+
+
+def finish_job(
+    session: Session, *, job_id: str, status: JobStatus, error: str | None = None
+) -> bool:
+    """Move an active job to a final status; False when it had already finished."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None or JobStatus(job.status).finished:
+        return False
+    now = utcnow()
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
+    job.status, job.finished_at, job.updated_at = status, now, now
+    job.latency_s = (now - created).total_seconds()
+    if error is not None:
+        job.error = error
+    session.flush()
+    return True
+
+
+def cancel_job(session: Session, *, job_id: str) -> bool:
+    """Cancel a queued or running job; its worker notices at the next progress check."""
+    return finish_job(
+        session, job_id=job_id, status=JobStatus.CANCELLED, error="cancelled by request"
+    )

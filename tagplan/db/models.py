@@ -1,0 +1,182 @@
+"""SQLAlchemy 2 tables (DESIGN.md §9). The database is the source of truth for job state.
+
+Large payloads (graphs, distributed GraphDefs, traces, profiles, checkpoints) live once in
+``blobs``, keyed by the SHA-256 of their content; rows refer to them by digest.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "ApiKey",
+    "Base",
+    "Blob",
+    "Checkpoint",
+    "ClusterRow",
+    "GraphRow",
+    "Job",
+    "JobStatus",
+    "JobStep",
+    "Profile",
+    "Result",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now; stored as UTC."""
+    return datetime.now(UTC)
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Blob(Base):
+    """Content-addressed bytes (zlib-compressed in ``data``)."""
+
+    __tablename__ = "blobs"
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class GraphRow(Base):
+    """An uploaded training graph; ``id`` is the digest of its bytes."""
+
+    __tablename__ = "graphs"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ClusterRow(Base):
+    """A cluster spec; ``id`` hashes the spec as given, ``fingerprint`` is canonical."""
+
+    __tablename__ = "clusters"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key: only the SHA-256 of its secret is stored."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(200))
+    """Space-separated scopes."""
+    rate_limit_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Job(Base):
+    """A planning job; status, phase and progress are written by the workers."""
+
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), index=True)
+    """Hash of everything that determines the answer: identical submissions share it."""
+    graph_id: Mapped[str] = mapped_column(ForeignKey("graphs.id"))
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
+    batch_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    batch_inputs: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    loss: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
+    phase: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    iterations: Mapped[int] = mapped_column(Integer, default=0)
+    best_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    latency_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Seconds from submission to the final status (the plan latency metric)."""
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobStep(Base):
+    """A step's output keyed by ``(job_id, step)``: a rerun finds it and does nothing."""
+
+    __tablename__ = "job_steps"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[str] = mapped_column(String(32), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Result(Base):
+    """A finished plan; with its job's graph and cluster it is the strategy cache."""
+
+    __tablename__ = "results"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    graph_fingerprint: Mapped[str] = mapped_column(String(64))
+    cluster_fingerprint: Mapped[str] = mapped_column(String(64))
+    batch_size: Mapped[int] = mapped_column(Integer)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    device_map: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    graphdef_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
+    trace_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_results_cache", "graph_fingerprint", "cluster_fingerprint"),)
+
+
+class Profile(Base):
+    """A measured op-time or communication profile uploaded by an operator."""
+
+    __tablename__ = "profiles"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    """``op`` (``tagplan profile``) or ``comm`` (``tagplan profile-comm``)."""
+    blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Checkpoint(Base):
+    """A GNN prior checkpoint (``state_dict`` + metadata) managed by operators."""
+
+    __tablename__ = "checkpoints"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,51 @@
+"""Engines and sessions: one engine per database URL, SQLite tuned for one writer thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["engine_for", "session_scope"]
+
+
+@lru_cache(maxsize=8)
+def engine_for(url: str) -> Engine:
+    """The engine for ``url`` (cached: pools are per process, not per request)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    """WAL lets the API read while the in-process worker writes progress."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+@lru_cache(maxsize=8)
+def _factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session committed on success and rolled back on error."""
+    session = _factory(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

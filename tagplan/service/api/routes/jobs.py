@@ -1,0 +1,132 @@
+"""``/v1/jobs``: submit, list, inspect, cancel, and fetch results of planning jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy import func, select
+
+from tagplan.db import jobs as job_state
+from tagplan.db.blobs import get_blob
+from tagplan.db.models import Job, JobStatus, Result
+from tagplan.service.deps import ReadKey, SessionDep, SettingsDep, SubmitKey
+from tagplan.service.jobs import find_job, job_public, submit
+from tagplan.service.problems import Problem
+from tagplan.service.schemas import JobCreate, JobPublic, JobsPublic, ResultPublic, Status
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": JobPublic, "description": "An identical job exists; it is returned."},
+}
+
+
+@router.post("", status_code=202, response_model=JobPublic, responses=_SUBMIT_RESPONSES)
+def create_job(
+    body: JobCreate,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: SubmitKey,
+) -> JobPublic:
+    """Plan a graph on a cluster: 202 with the job and its status URL."""
+    job, existing = submit(session, settings, request.app.state.celery, body, key_id=caller.key_id)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    if existing:
+        response.status_code = 200
+        request.app.state.metrics.cache_hits.labels("job").inc()
+    return job_public(job, existing=existing)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(
+    session: SessionDep,
+    _: ReadKey,
+    status: Status | None = None,
+    limit: int = Query(default=50, ge=1, le=500),
+    offset: int = Query(default=0, ge=0),
+) -> JobsPublic:
+    """Jobs, newest first, optionally with one status."""
+    where = [Job.status == status] if status else []
+    count = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+    rows = session.scalars(
+        select(Job).where(*where).order_by(Job.created_at.desc()).limit(limit).offset(offset)
+    )
+    return JobsPublic(data=[job_public(j) for j in rows], count=count, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, session: SessionDep, _: ReadKey) -> JobPublic:
+    """Status, phase, progress (iterations, best speedup so far), timestamps, error."""
+    return job_public(find_job(session, job_id))
+
+
+@router.delete("/{job_id}", response_model=JobPublic)
+def cancel_job(job_id: str, session: SessionDep, _: SubmitKey) -> JobPublic:
+    """Cancel a queued or running job (its worker stops at the next progress check)."""
+    job = find_job(session, job_id)
+    if not job_state.cancel_job(session, job_id=job_id):
+        raise Problem(409, f"job {job_id} already {job.status}; nothing to cancel")
+    session.refresh(job)
+    return job_public(job)
+
+
+def _result(session: SessionDep, job_id: str) -> Result:
+    job = find_job(session, job_id)
+    result = session.get(Result, job_id)
+    if result is None:
+        detail = f"job {job_id} is {job.status}" + (f": {job.error}" if job.error else "")
+        status = 409 if job.status != JobStatus.SUCCEEDED else 404
+        raise Problem(status, detail + "; the result exists once it has succeeded")
+    return result
+
+
+@router.get("/{job_id}/result", response_model=ResultPublic)
+def get_result(job_id: str, session: SessionDep, _: ReadKey) -> ResultPublic:
+    """Strategy, predicted step time, every baseline, lower bound, memory per GPU, and
+    which numbers were estimated."""
+    result = _result(session, job_id)
+    return ResultPublic(
+        **result.summary,
+        job_id=job_id,
+        graph_fingerprint=result.graph_fingerprint,
+        cluster_fingerprint=result.cluster_fingerprint,
+        batch_size=result.batch_size,
+    )
+
+
+@router.get(
+    "/{job_id}/graphdef",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_graphdef(job_id: str, session: SessionDep, _: ReadKey) -> Response:
+    """The placed distributed GraphDef (binary protobuf)."""
+    result = _result(session, job_id)
+    if result.graphdef_digest is None:
+        raise Problem(404, f"job {job_id} has no compiled GraphDef")
+    return Response(
+        get_blob(session, result.graphdef_digest),
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{job_id}.pb"'},
+    )
+
+
+@router.get("/{job_id}/device-map")
+def get_device_map(job_id: str, session: SessionDep, _: ReadKey) -> dict[str, Any]:
+    """TensorFlow task index -> machine name and GPU ids of the compiled GraphDef."""
+    result = _result(session, job_id)
+    if result.device_map is None:
+        raise Problem(404, f"job {job_id} has no compiled GraphDef")
+    return result.device_map
+
+
+@router.get("/{job_id}/trace", response_class=Response)
+def get_trace(job_id: str, session: SessionDep, _: ReadKey) -> Response:
+    """The predicted step as a Chrome trace (JSON; opens in Perfetto)."""
+    result = _result(session, job_id)
+    if result.trace_digest is None:
+        raise Problem(404, f"job {job_id} has no trace")
+    return Response(get_blob(session, result.trace_digest), media_type="application/json")

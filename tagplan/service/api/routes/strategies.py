@@ -1,0 +1,90 @@
+"""``/v1/strategies``: the strategy cache for operators, across renumbered clusters."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Query, Request
+from sqlalchemy import select
+
+from tagplan.db.models import ClusterRow, Job, Result
+from tagplan.service.deps import ReadKey, SessionDep, SettingsDep
+from tagplan.service.intake import cluster_from_input
+from tagplan.service.remap import ClusterMapping, cluster_from_spec_json
+from tagplan.service.schemas import StrategiesPublic, StrategyPublic
+
+router = APIRouter(prefix="/v1/strategies", tags=["strategies"])
+
+
+def _spec_json(spec: dict) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+@router.get("", response_model=StrategiesPublic)
+def list_strategies(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _: ReadKey,
+    graph: str = Query(description="graph fingerprint"),
+    cluster: str = Query(
+        description="canonical cluster fingerprint, a stored cluster id, or a named cluster; "
+        "with an id or a name the strategies come in that cluster's numbering"
+    ),
+    batch_size: int | None = Query(default=None, gt=0),
+    limit: int = Query(default=10, ge=1, le=100),
+) -> StrategiesPublic:
+    """Cached strategies for a graph on a cluster, fastest first.
+
+    A cluster equal up to renaming and renumbering of machines and GPUs has the same
+    fingerprint and hits the cache; given as an id or a name, every strategy is remapped
+    to its numbering.
+    """
+    target: str | None = None
+    stored = session.get(ClusterRow, cluster)
+    if stored is not None:
+        target, fingerprint = _spec_json(stored.spec), stored.fingerprint
+    elif len(cluster) == 64 and all(c in "0123456789abcdef" for c in cluster):
+        fingerprint = cluster
+    else:
+        loaded = cluster_from_input(settings, cluster)
+        target, fingerprint = _spec_json(loaded.spec), loaded.fingerprint
+    query = (
+        select(Result, ClusterRow)
+        .join(Job, Job.id == Result.job_id)
+        .join(ClusterRow, ClusterRow.id == Job.cluster_id)
+        .where(Result.graph_fingerprint == graph, Result.cluster_fingerprint == fingerprint)
+        .order_by(Result.step_time_s)
+        .limit(limit)
+    )
+    if batch_size is not None:
+        query = query.where(Result.batch_size == batch_size)
+    data = []
+    for result, source in session.execute(query):
+        summary = result.summary
+        strategy, memory = summary["strategy"], summary["peak_memory_bytes"]
+        source_json = _spec_json(source.spec)
+        remapped = target is not None and target != source_json
+        if remapped:
+            mapping = ClusterMapping(
+                cluster_from_spec_json(source_json), cluster_from_spec_json(target)
+            )
+            strategy, memory = mapping.strategy(strategy), mapping.per_device(memory)
+        data.append(
+            StrategyPublic(
+                job_id=result.job_id,
+                graph_fingerprint=result.graph_fingerprint,
+                cluster_fingerprint=result.cluster_fingerprint,
+                cluster_id=source.id,
+                batch_size=result.batch_size,
+                step_time_s=result.step_time_s,
+                speedup_vs_dp_nccl=summary.get("speedup_vs_dp_nccl"),
+                peak_memory_bytes=memory,
+                strategy=strategy,
+                remapped=remapped,
+                created_at=result.created_at,
+            )
+        )
+    if data:
+        request.app.state.metrics.cache_hits.labels("strategy").inc()
+    return StrategiesPublic(data=data, count=len(data))

@@ -1,0 +1,79 @@
+"""The FastAPI application (DESIGN.md §9).
+
+:func:`create_app` wires settings, auth state, metrics, error handlers, the body-size
+limit and the routers. Embedded (no broker configured) it also migrates the SQLite
+database and runs the Celery worker in-process for the app's lifetime. This module and
+everything it imports load neither TensorFlow nor torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from tagplan.db.migrate import upgrade
+from tagplan.service.api.routes import catalog, graphs, health, jobs, profiles, strategies
+from tagplan.service.auth import KeyCache, RateLimiter
+from tagplan.service.limits import BodySizeLimit
+from tagplan.service.metrics import ServiceMetrics
+from tagplan.service.problems import install_problem_handlers
+from tagplan.settings import Settings, get_settings
+from tagplan.workers.app import app as celery_app
+from tagplan.workers.embedded import EmbeddedWorker, requeue_unfinished
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Deployment planning for distributed training on heterogeneous GPU allocations.
+
+Submit a training graph and the GPUs a job was given (`POST /v1/jobs`), poll the job, then
+fetch the strategy, the placed distributed GraphDef, its device map and a Chrome trace.
+Errors are `application/problem+json`. Every endpoint but `/healthz` and `/readyz` needs an
+API key (`Authorization: Bearer <key>`) with the scope it names: submit, read, operate, admin.
+"""
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    if settings.embedded:
+        upgrade(settings.sqlalchemy_url)
+        worker = EmbeddedWorker(celery_app)
+        worker.start()
+        app.state.embedded_worker = worker
+        resumed = requeue_unfinished(settings, celery_app)
+        if resumed:
+            log.info("resumed %d unfinished jobs", resumed)
+    try:
+        yield
+    finally:
+        if app.state.embedded_worker is not None:
+            app.state.embedded_worker.stop()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app for ``settings`` (default: :func:`get_settings`)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="tagplan",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=_lifespan,
+        openapi_url="/v1/openapi.json",
+        docs_url="/docs",
+    )
+    app.state.settings = settings
+    app.state.celery = celery_app
+    app.state.embedded_worker = None
+    app.state.key_cache = KeyCache()
+    app.state.rate_limiter = RateLimiter()
+    app.state.metrics = ServiceMetrics(settings.sqlalchemy_url)
+    install_problem_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    for module in (jobs, graphs, strategies, profiles, catalog, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,131 @@
+"""Who is calling: API keys with scopes, a per-key rate limit, and the loopback exception.
+
+Every route except the health probes depends on :func:`require` with a scope. A key is
+sent as ``Authorization: Bearer <token>`` or ``X-API-Key: <token>``. With
+``allow_anonymous_loopback`` (the embedded demo) a request from 127.0.0.1/::1 without a key
+gets every scope; nothing else is anonymous.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from tagplan.db.keys import SCOPES, expand_scopes, verify_key
+from tagplan.db.session import session_scope
+from tagplan.service.problems import Problem
+from tagplan.settings import Settings
+
+__all__ = ["KeyCache", "Principal", "RateLimiter", "require"]
+
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+KEY_CACHE_TTL_S = 10.0
+"""A revoked key stops working within this long (keys are cached to keep GETs fast)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller: a key id (None for anonymous loopback), its scopes and rate limit."""
+
+    key_id: str | None
+    scopes: frozenset[str]
+    rate_limit_per_minute: int | None
+
+
+class KeyCache:
+    """Token -> principal for ``KEY_CACHE_TTL_S`` seconds (one database read per key per TTL)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, url: str, token: str) -> Principal | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(token)
+        if hit is not None and now - hit[0] < KEY_CACHE_TTL_S:
+            return hit[1]
+        with session_scope(url) as session:
+            row = verify_key(session, token)
+            principal = (
+                Principal(row.id, expand_scopes(row.scopes.split()), row.rate_limit_per_minute)
+                if row
+                else None
+            )
+        with self._lock:
+            self._entries[token] = (now, principal)
+        return principal
+
+
+class RateLimiter:
+    """Sliding one-minute window of request times per key, in this API process."""
+
+    def __init__(self) -> None:
+        self._hits: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, key_id: str, limit: int) -> None:
+        """Count a request; 429 with ``Retry-After`` when the key is over its limit."""
+        now = time.monotonic()
+        with self._lock:
+            hits = self._hits.setdefault(key_id, deque())
+            while hits and now - hits[0] >= 60.0:
+                hits.popleft()
+            if len(hits) >= limit:
+                retry = max(1, int(60.0 - (now - hits[0])) + 1)
+                problem = Problem(
+                    429, f"rate limit of {limit} requests per minute exceeded for this key"
+                )
+                problem.headers["Retry-After"] = str(retry)
+                raise problem
+            hits.append(now)
+
+
+def _token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+def authenticate(request: Request) -> Principal:
+    """The request's principal; 401 without a valid key (unless anonymous loopback)."""
+    settings: Settings = request.app.state.settings
+    token = _token(request)
+    if token is None:
+        client = request.client.host if request.client else ""
+        if settings.allow_anonymous_loopback and client in LOOPBACK:
+            return Principal(None, frozenset(SCOPES), None)
+        raise _unauthorized("an API key is required (Authorization: Bearer <key>)")
+    principal = request.app.state.key_cache.lookup(settings.sqlalchemy_url, token)
+    if principal is None:
+        raise _unauthorized("the API key is unknown or revoked")
+    limit = principal.rate_limit_per_minute or settings.rate_limit_per_minute
+    request.app.state.rate_limiter.check(principal.key_id, limit)
+    return principal
+
+
+def _unauthorized(detail: str) -> Problem:
+    problem = Problem(401, detail)
+    problem.headers["WWW-Authenticate"] = "Bearer"
+    return problem
+
+
+def require(scope: str) -> Callable[[Request], Principal]:
+    """A dependency that admits callers holding ``scope`` (403 for other keys)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def dependency(request: Request) -> Principal:
+        principal = authenticate(request)
+        if scope not in principal.scopes:
+            held = ", ".join(sorted(principal.scopes))
+            raise Problem(403, f"this key lacks the {scope!r} scope (it has: {held})")
+        return principal
+
+    return dependency

@@ -1,0 +1,39 @@
+"""Dependencies the routes share: the session, the settings, the caller (STYLE.md §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from tagplan.db.session import session_scope
+from tagplan.service.auth import Principal, require
+from tagplan.settings import Settings
+
+__all__ = [
+    "AdminKey",
+    "OperateKey",
+    "ReadKey",
+    "SessionDep",
+    "SettingsDep",
+    "SubmitKey",
+]
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with session_scope(request.app.state.settings.sqlalchemy_url) as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+SessionDep = Annotated[Session, Depends(get_session)]
+SubmitKey = Annotated[Principal, Depends(require("submit"))]
+ReadKey = Annotated[Principal, Depends(require("read"))]
+OperateKey = Annotated[Principal, Depends(require("operate"))]
+AdminKey = Annotated[Principal, Depends(require("admin"))]

@@ -1,0 +1,156 @@
+"""Submitting jobs: resolve inputs, deduplicate identical content, enqueue; and views.
+
+Kept apart from the route functions so the CLI's demo and tests build the same documents.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus
+from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
+from tagplan.service.problems import Problem
+from tagplan.service.schemas import JobCreate, JobLinks, JobPublic, Progress
+from tagplan.settings import Settings
+from tagplan.workers.pipeline import enqueue_job
+
+__all__ = ["find_job", "job_public", "submit"]
+
+
+def job_public(job: Job, *, existing: bool = False) -> JobPublic:
+    """The public view of a job row."""
+    base = f"/v1/jobs/{job.id}"
+    return JobPublic(
+        id=job.id,
+        status=job.status,
+        phase=job.phase,
+        progress=Progress(
+            iterations=job.iterations,
+            best_speedup=job.best_speedup,
+            best_step_time_s=job.best_step_time_s,
+        ),
+        graph_id=job.graph_id,
+        cluster_id=job.cluster_id,
+        batch_size=job.batch_size,
+        options=job.options,
+        error=job.error,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        links=JobLinks(
+            self=base,
+            result=f"{base}/result",
+            graphdef=f"{base}/graphdef",
+            device_map=f"{base}/device-map",
+            trace=f"{base}/trace",
+        ),
+        existing=existing,
+    )
+
+
+def find_job(session: Session, job_id: str) -> Job:
+    """The job or a 404 problem."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise Problem(404, f"job {job_id} does not exist")
+    return job
+
+
+def _graph(session: Session, settings: Settings, body: JobCreate) -> tuple[GraphRow, Any, Any]:
+    """The graph row plus the batch inputs and loss node the job uses."""
+    spec = body.graph
+    batch_inputs, loss = spec.batch_inputs, spec.loss
+    if spec.id is not None:
+        row = session.get(GraphRow, spec.id)
+        if row is None:
+            raise Problem(404, f"graph {spec.id} does not exist; upload it with POST /v1/graphs")
+        return row, batch_inputs, loss
+    if spec.zoo is not None:
+        data, zoo_inputs, zoo_loss = zoo_graph(spec.zoo)
+        row = store_graph(session, settings, data, label=f"zoo:{spec.zoo}")
+        return row, batch_inputs or zoo_inputs, loss or zoo_loss
+    try:
+        data = base64_bytes(spec.base64 or "")
+    except ValueError as exc:
+        raise Problem(422, f"graph.base64 is not valid base64: {exc}") from None
+    return store_graph(session, settings, data), batch_inputs, loss
+
+
+def base64_bytes(text: str) -> bytes:
+    """Strict base64 decoding (whitespace allowed)."""
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except binascii.Error as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _cluster(session: Session, settings: Settings, value: str | dict[str, Any]) -> ClusterRow:
+    if isinstance(value, str):
+        stored = session.get(ClusterRow, value)
+        if stored is not None:
+            return stored
+    return store_cluster(session, cluster_from_input(settings, value))
+
+
+def _check_options(settings: Settings, options: dict[str, Any]) -> None:
+    if options["budget_s"] > settings.max_budget_s:
+        raise Problem(
+            422, f"options.budget_s is {options['budget_s']}; the limit is {settings.max_budget_s}"
+        )
+    if options["shards"] > settings.max_shards:
+        raise Problem(
+            422, f"options.shards is {options['shards']}; the limit is {settings.max_shards}"
+        )
+
+
+def submit(
+    session: Session, settings: Settings, celery: Celery, body: JobCreate, *, key_id: str | None
+) -> tuple[Job, bool]:
+    """Store the inputs and enqueue a job; an identical live job is returned instead.
+
+    Returns the job and whether it existed. Identical means same graph content, batch
+    inputs, loss, cluster spec, batch size and options; failed and cancelled jobs do not
+    count, so resubmitting retries them.
+    """
+    graph, batch_inputs, loss = _graph(session, settings, body)
+    cluster = _cluster(session, settings, body.cluster)
+    options = body.options.model_dump()
+    _check_options(settings, options)
+    identity = [graph.fingerprint, batch_inputs, loss, cluster.id, body.batch_size, options]
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    live = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    existing = session.scalar(
+        select(Job).where(Job.key == key, Job.status.in_(live)).order_by(Job.created_at).limit(1)
+    )
+    if existing is not None:
+        return existing, True
+    job = Job(
+        id=str(uuid.uuid4()),
+        key=key,
+        graph_id=graph.id,
+        cluster_id=cluster.id,
+        batch_size=body.batch_size,
+        batch_inputs=batch_inputs,
+        loss=loss,
+        options=options,
+        status=JobStatus.QUEUED,
+        api_key_id=key_id,
+    )
+    session.add(job)
+    session.commit()
+    try:
+        enqueue_job(celery, job.id, options, margin_s=settings.time_limit_margin_s)
+    except Exception as exc:  # broker down: the job must not stay queued forever
+        job.status, job.error = JobStatus.FAILED, f"could not enqueue: {exc}"
+        session.commit()
+        raise Problem(503, f"the job queue is unavailable: {exc}") from None
+    return job, False

@@ -1,0 +1,90 @@
+"""Errors as RFC 9457 ``application/problem+json``, from one place.
+
+Routes and helpers raise :class:`Problem` (or let the planner's errors through); the
+handlers installed by :func:`install_problem_handlers` render every error the same way,
+so clients parse one shape: ``{"type", "title", "status", "detail", ...}``.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tagplan.planner.errors import Infeasible, InvalidInput, PlannerError
+
+__all__ = ["PROBLEM_JSON", "Problem", "install_problem_handlers", "problem_response"]
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_BASE = "https://tagplan.dev/problems/"
+
+
+class Problem(Exception):
+    """An HTTP error with a problem type slug and a human-readable detail."""
+
+    def __init__(self, status: int, detail: str, *, kind: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.kind = kind or HTTPStatus(status).phrase.lower().replace(" ", "-")
+        self.extra = extra
+        self.headers: dict[str, str] = {}
+
+
+def problem_response(
+    status: int, detail: str, *, kind: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    """The problem document for ``status`` with ``detail``."""
+    body = {
+        "type": TYPE_BASE + kind,
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Render :class:`Problem`, planner errors, validation and HTTP errors as problems."""
+
+    @app.exception_handler(Problem)
+    async def _problem(_: Request, exc: Problem) -> JSONResponse:
+        return problem_response(
+            exc.status, exc.detail, kind=exc.kind, headers=exc.headers, **exc.extra
+        )
+
+    @app.exception_handler(InvalidInput)
+    async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
+        return problem_response(422, str(exc), kind="invalid-input")
+
+    @app.exception_handler(Infeasible)
+    async def _infeasible(_: Request, exc: Infeasible) -> JSONResponse:
+        return problem_response(422, str(exc), kind="infeasible", overflow_bytes=exc.overflow_bytes)
+
+    @app.exception_handler(PlannerError)
+    async def _planner(_: Request, exc: PlannerError) -> JSONResponse:
+        return problem_response(422, str(exc), kind="planner-error")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(422, _validation_detail(exc), kind="invalid-request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "-")
+        return problem_response(
+            exc.status_code, str(exc.detail), kind=kind, headers=dict(exc.headers or {})
+        )

@@ -1,0 +1,74 @@
+"""The embedded default: a Celery worker in a thread of the API process (DESIGN.md §9).
+
+It is a real :class:`celery.worker.WorkController` consuming kombu's in-memory broker, so
+the embedded service runs exactly the task code, canvas (chain + chord), acknowledgement
+and error policy of a production worker; only the transport differs. ``task_always_eager``
+would have run the tasks inline in the request and skipped all of that. The in-memory
+queue does not survive the process, so on start :func:`requeue_unfinished` re-sends every
+job the database still calls queued or running; finished steps are skipped on rerun.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery import Celery
+from celery.worker import WorkController
+from sqlalchemy import select
+
+from tagplan.db.models import Job, JobStatus
+from tagplan.db.session import session_scope
+from tagplan.settings import Settings
+from tagplan.workers.pipeline import enqueue_job
+
+__all__ = ["EmbeddedWorker", "requeue_unfinished"]
+
+
+class EmbeddedWorker:
+    """One solo-pool Celery worker running in a daemon thread."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._worker: WorkController | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        import tagplan.workers.tasks  # noqa: F401  (registers the tasks with the app)
+
+        # Canvas steps rebuilt in the worker thread resolve the app as the current one.
+        self.app.set_default()
+        self._worker = WorkController(
+            app=self.app,
+            pool="solo",
+            concurrency=1,
+            hostname="embedded@tagplan",
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+        )
+        self._thread = threading.Thread(target=self._worker.start, name="tagplan-worker")
+        self._thread.daemon = True
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the running task (the next start resumes unfinished jobs)."""
+        if self._worker is not None:
+            self._worker.stop(in_sighandler=False)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def requeue_unfinished(settings: Settings, app: Celery) -> int:
+    """Re-send the workflows of queued and running jobs; returns how many."""
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    with session_scope(settings.sqlalchemy_url) as session:
+        pending = session.execute(
+            select(Job.id, Job.options).where(Job.status.in_(active)).order_by(Job.created_at)
+        ).all()
+    for job_id, options in pending:
+        enqueue_job(app, job_id, options, margin_s=settings.time_limit_margin_s)
+    return len(pending)

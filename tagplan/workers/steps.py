@@ -1,0 +1,148 @@
+"""What each task does, apart from Celery: read inputs by job id, run the planner, upsert.
+
+Every step is idempotent: its output is stored under ``(job_id, step)`` and a rerun that
+finds it does nothing, so a redelivered task (worker killed, visibility timeout) repeats
+at most the unfinished work. The planner is imported here, lazily, so the API process that
+only enqueues never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tagplan.db import jobs
+from tagplan.db.blobs import get_blob, put_blob
+from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Result
+from tagplan.db.session import session_scope
+from tagplan.planner.errors import InvalidInput
+from tagplan.settings import Settings
+from tagplan.workers.monitor import JobMonitor
+
+__all__ = ["JobInputs", "analyze_step", "finish_step", "load_inputs", "search_step", "shard_step"]
+
+PLAN_OPTION_FIELDS = ("budget_s", "iterations", "seed", "sfb", "max_groups", "shards")
+
+
+@dataclass(frozen=True, eq=False)
+class JobInputs:
+    """A job's graph (parsed and analyzed), cluster and planner options."""
+
+    graph_def: Any
+    ir: Any
+    cluster: Any
+    options: Any
+
+
+def shard_step(shard: int) -> str:
+    """Step name of root-parallel search shard ``shard`` (sortable)."""
+    return f"shard:{shard:03d}"
+
+
+def load_inputs(settings: Settings, job_id: str) -> JobInputs:
+    """Read the job's graph and cluster from the database and analyze the graph."""
+    from tagplan.planner.graph.analyzer import analyze
+    from tagplan.planner.graph.load import parse_graph_bytes
+    from tagplan.planner.plan import PlanOptions
+    from tagplan.planner.topology import load_cluster
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise InvalidInput(f"job {job_id} does not exist")
+        graph = session.get(GraphRow, job.graph_id)
+        spec = session.get(ClusterRow, job.cluster_id).spec
+        data = get_blob(session, graph.blob_digest)
+        batch_inputs, loss, batch_size = job.batch_inputs, job.loss, job.batch_size
+        options = {k: v for k, v in job.options.items() if k in PLAN_OPTION_FIELDS}
+    graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
+    ir = analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss)
+    if ir.num_ops > settings.max_ops:
+        raise InvalidInput(
+            f"the graph has {ir.num_ops} ops after simplification; the limit is {settings.max_ops}"
+        )
+    return JobInputs(graph_def, ir, load_cluster(spec), PlanOptions(**options))
+
+
+def analyze_step(settings: Settings, job_id: str) -> None:
+    """Check that the graph analyzes and fits the limits before any search starts."""
+    inputs = load_inputs(settings, job_id)
+    with session_scope(settings.sqlalchemy_url) as session:
+        jobs.save_step(
+            session,
+            job_id=job_id,
+            step="analyze",
+            output={
+                "ops": inputs.ir.num_ops,
+                "parameters": len(inputs.ir.parameters),
+                "batch_size": inputs.ir.batch_size,
+                "graph_fingerprint": inputs.ir.fingerprint,
+            },
+        )
+
+
+def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
+    from tagplan.planner.plan import Planner
+
+    return Planner(
+        inputs.ir,
+        inputs.cluster,
+        options=inputs.options,
+        progress=monitor.progress,
+        cancel=monitor.cancelled,
+    )
+
+
+def search_step(settings: Settings, job_id: str, shard: int, seed: int) -> None:
+    """One root-parallel search tree; its outcome is stored as the shard's step output."""
+    url = settings.sqlalchemy_url
+    step = shard_step(shard)
+    with session_scope(url) as session:
+        if jobs.step_output(session, job_id=job_id, step=step) is not None:
+            return
+    inputs = load_inputs(settings, job_id)
+    outcome = _planner(inputs, JobMonitor(url, job_id)).search_shard(seed)
+    with session_scope(url) as session:
+        jobs.save_step(session, job_id=job_id, step=step, output=outcome.to_dict())
+
+
+def finish_step(settings: Settings, job_id: str, shards: int) -> None:
+    """Merge the shards, run SFB and compile, store the result and mark the job succeeded."""
+    from tagplan.planner.plan import SearchOutcome
+    from tagplan.planner.topology import fingerprint
+
+    url = settings.sqlalchemy_url
+    with session_scope(url) as session:
+        if session.get(Result, job_id) is not None:
+            jobs.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
+            return
+        stored = jobs.step_outputs(session, job_id=job_id, prefix="shard:")
+    if len(stored) < shards:
+        raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
+    inputs = load_inputs(settings, job_id)
+    outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
+    result = _planner(inputs, JobMonitor(url, job_id)).finish(outcomes, graph_def=inputs.graph_def)
+    summary = json.loads(json.dumps(result.summary()))
+    trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
+    distributed = result.distributed
+    with session_scope(url) as session:
+        if not jobs.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
+            return  # cancelled while compiling: keep nothing
+        session.add(
+            Result(
+                job_id=job_id,
+                graph_fingerprint=inputs.ir.fingerprint,
+                cluster_fingerprint=fingerprint(inputs.cluster),
+                batch_size=inputs.ir.batch_size,
+                step_time_s=float(result.step_time_s),
+                summary=summary,
+                device_map=json.loads(json.dumps(distributed.device_map)) if distributed else None,
+                graphdef_digest=(
+                    put_blob(session, distributed.graph_def.SerializeToString())
+                    if distributed
+                    else None
+                ),
+                trace_digest=put_blob(session, trace),
+            )
+        )
