@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from tagplan.cli import analyze, cluster, compile, cost, plan, profile, simulate, zoo
+from tagplan.cli import (
+    analyze,
+    cluster,
+    compile,
+    cost,
+    keys,
+    plan,
+    profile,
+    service,
+    simulate,
+    zoo,
+)
 
 app = typer.Typer(
     name="tagplan",
@@ -23,6 +34,11 @@ app.command("plan")(plan.plan_command)
 app.command("profile")(profile.profile_command)
 app.command("profile-comm")(profile.profile_comm_command)
 app.add_typer(zoo.app, name="zoo")
+app.command("serve")(service.serve_command)
+app.command("worker")(service.worker_command)
+app.command("submit")(service.submit_command)
+app.command("demo")(service.demo_command)
+app.add_typer(keys.app, name="keys")
 
 
 def main() -> None:

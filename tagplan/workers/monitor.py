@@ -18,9 +18,17 @@ __all__ = ["JobMonitor"]
 class JobMonitor:
     """Progress reports and the cancellation flag of one job."""
 
-    def __init__(self, url: str, job_id: str, *, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        job_id: str,
+        *,
+        phases: frozenset[str] | None = None,
+        interval_s: float = 0.5,
+    ) -> None:
         self.url = url
         self.job_id = job_id
+        self.phases = phases
         self.interval_s = interval_s
         self._last_write = 0.0
         self._last_phase: str | None = None
@@ -28,7 +36,13 @@ class JobMonitor:
         self._cancelled = False
 
     def progress(self, report: Any) -> None:
-        """Store a :class:`~tagplan.planner.plan.PlanProgress` (phase changes at once)."""
+        """Store a :class:`~tagplan.planner.plan.PlanProgress` (phase changes at once).
+
+        Reports of phases outside ``phases`` are dropped: a step that rebuilds earlier
+        phases (the finish step regroups) must not move the job's phase backwards.
+        """
+        if self.phases is not None and report.phase not in self.phases:
+            return
         now = time.monotonic()
         if report.phase == self._last_phase and now - self._last_write < self.interval_s:
             return

@@ -82,6 +82,9 @@ def analyze_step(settings: Settings, job_id: str) -> None:
         )
 
 
+FINISH_PHASES = frozenset({"sfb", "compile"})
+
+
 def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
     from tagplan.planner.plan import Planner
 
@@ -122,7 +125,8 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> None:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
     inputs = load_inputs(settings, job_id)
     outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
-    result = _planner(inputs, JobMonitor(url, job_id)).finish(outcomes, graph_def=inputs.graph_def)
+    monitor = JobMonitor(url, job_id, phases=FINISH_PHASES)
+    result = _planner(inputs, monitor).finish(outcomes, graph_def=inputs.graph_def)
     summary = json.loads(json.dumps(result.summary()))
     trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
     distributed = result.distributed

@@ -1,0 +1,192 @@
+"""Service commands: ``serve`` (API + embedded worker), ``worker``, ``submit``, ``demo``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tagplan.cli.common import EXIT_BAD_INPUT, console, error_console, print_json
+from tagplan.service.client import TagplanClient, TagplanError
+from tagplan.settings import get_settings
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+ServerOption = Annotated[
+    str, typer.Option("--server", envvar="TAGPLAN_SERVER", help="tagplan service URL.")
+]
+ApiKeyOption = Annotated[
+    str | None, typer.Option("--api-key", envvar="TAGPLAN_API_KEY", help="API key (tpk_...).")
+]
+
+
+def _embedded_env(data_dir: Path | None, anonymous: bool) -> None:
+    """Point this process's settings at an embedded service (no broker, SQLite)."""
+    if data_dir is not None:
+        os.environ["TAGPLAN_DATA_DIR"] = str(data_dir)
+    if anonymous:
+        os.environ["TAGPLAN_ALLOW_ANONYMOUS_LOOPBACK"] = "true"
+    get_settings.cache_clear()
+
+
+def serve_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded database directory (TAGPLAN_DATA_DIR).")
+    ] = None,
+    allow_anonymous_loopback: Annotated[
+        bool,
+        typer.Option(help="Accept requests without a key from this machine (demos only)."),
+    ] = False,
+) -> None:
+    """Run the REST API. Without TAGPLAN_BROKER_URL it is self-contained: SQLite under the
+    data directory and the Celery tasks in-process; with it, workers run apart."""
+    import uvicorn
+
+    from tagplan.service.app import create_app
+
+    if allow_anonymous_loopback and host not in LOOPBACK_HOSTS:
+        error_console.print("error: --allow-anonymous-loopback needs a loopback --host")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    _embedded_env(data_dir, allow_anonymous_loopback)
+    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+
+
+def worker_command(
+    concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    pool: Annotated[str, typer.Option(help="Celery pool: prefork or solo.")] = "prefork",
+    hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
+) -> None:
+    """Run a Celery worker against TAGPLAN_BROKER_URL (Redis) and TAGPLAN_DATABASE_URL."""
+    from tagplan.workers.app import QUEUE, app
+
+    settings = get_settings()
+    if settings.embedded:
+        error_console.print("error: set TAGPLAN_BROKER_URL (e.g. redis://localhost:6379/0)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    argv = ["worker", "--loglevel", "INFO", "-Q", QUEUE, "--pool", pool]
+    argv += ["--concurrency", str(concurrency or settings.worker_concurrency)]
+    if hostname:
+        argv += ["--hostname", hostname]
+    app.worker_main(argv)
+
+
+def format_summary(job: dict[str, Any], result: dict[str, Any] | None) -> str:
+    """A few lines a person reads: status, predicted step, speedup, baselines, memory."""
+    lines = [f"job {job['id']}: {job['status']}"]
+    if job.get("error"):
+        lines.append(f"  error: {job['error']}")
+    if result is None:
+        return "\n".join(lines)
+    ms = 1e3
+    speedup = result.get("speedup_vs_dp_nccl")
+    lines += [
+        f"  predicted step time  {result['step_time_s'] * ms:.3f} ms"
+        + (f"  ({speedup:.2f}x DP-NCCL)" if speedup else ""),
+        f"  lower bound          {result['lower_bound_s'] * ms:.3f} ms",
+        f"  chosen from          {result.get('chosen_from', 'search')}",
+        "  baselines            "
+        + ", ".join(
+            f"{name} {'OOM' if t is None else f'{t * ms:.3f} ms'}"
+            for name, t in result["baselines"].items()
+        ),
+        f"  peak memory per GPU  max {max(result['peak_memory_bytes'].values()) / 2**30:.2f} GiB"
+        f" over {len(result['peak_memory_bytes'])} GPUs",
+        f"  estimated            {result['estimated']}",
+    ]
+    return "\n".join(lines)
+
+
+def _wait_and_print(client: TagplanClient, job: dict[str, Any], as_json: bool) -> None:
+    last = None
+    while job["status"] not in ("succeeded", "failed", "cancelled"):
+        line = f"{job['status']} {job['phase'] or ''} {job['progress']['iterations']} iterations"
+        if line != last and not as_json:
+            error_console.print(line, highlight=False)
+            last = line
+        time.sleep(1.0)
+        job = client.job(job["id"])
+    result = client.result(job["id"]) if job["status"] == "succeeded" else None
+    if as_json:
+        print_json({"job": job, "result": result})
+    else:
+        console.print(format_summary(job, result), highlight=False, soft_wrap=True)
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def submit_command(
+    graph: Annotated[str, typer.Argument(help="Graph file (GraphDef or JSON) or zoo:NAME.")],
+    cluster: Annotated[
+        str, typer.Option("--cluster", "-c", help="Named cluster or .yaml/.json spec file.")
+    ],
+    server: ServerOption = "http://127.0.0.1:8000",
+    api_key: ApiKeyOption = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Search budget.")] = 60.0,
+    seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
+    shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
+    sfb: Annotated[bool, typer.Option("--sfb/--no-sfb")] = True,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait and print the result.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Submit a planning job to a tagplan service."""
+    options = {"budget_s": budget_s, "seed": seed, "shards": shards, "sfb": sfb}
+    with TagplanClient(server, api_key) as client:
+        try:
+            job = client.submit(graph, cluster=cluster, batch_size=batch_size, options=options)
+            if wait:
+                _wait_and_print(client, job, as_json)
+            elif as_json:
+                print_json(job)
+            else:
+                link = server.rstrip("/") + job["links"]["self"]
+                console.print(f"job {job['id']}: {job['status']}  {link}", highlight=False)
+        except TagplanError as exc:
+            error_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(EXIT_BAD_INPUT if exc.status < 500 else 1) from None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def demo_command(
+    model: Annotated[str, typer.Option(help="Model-zoo graph.")] = "vgg19",
+    cluster: Annotated[str, typer.Option("--cluster", "-c")] = "testbed",
+    budget_s: Annotated[float, typer.Option("--budget-s")] = 10.0,
+) -> None:
+    """Start the embedded service on loopback, submit a zoo model, print the result, stop."""
+    import uvicorn
+
+    from tagplan.service.app import create_app
+
+    for name in ("TAGPLAN_BROKER_URL", "TAGPLAN_DATABASE_URL"):
+        os.environ.pop(name, None)
+    with tempfile.TemporaryDirectory(prefix="tagplan-demo-") as data_dir:
+        _embedded_env(Path(data_dir), anonymous=True)
+        port = _free_port()
+        config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started and thread.is_alive():
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        console.print(f"tagplan service on {url} (embedded); planning zoo:{model} on {cluster}")
+        try:
+            with TagplanClient(url) as client:
+                job = client.submit(f"zoo:{model}", cluster=cluster, options={"budget_s": budget_s})
+                _wait_and_print(client, job, as_json=False)
+        finally:
+            server.should_exit = True
+            thread.join(30)

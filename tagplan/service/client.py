@@ -1,0 +1,151 @@
+"""A small client for schedulers: submit a graph and an allocation, wait, fetch the plan.
+
+Depends only on httpx (and PyYAML for cluster files)::
+
+    from tagplan.service.client import TagplanClient
+
+    client = TagplanClient("http://planner:8000", api_key="tpk_...")
+    job = client.submit("zoo:vgg19", cluster="testbed", options={"budget_s": 30})
+    job = client.wait(job["id"])
+    result = client.result(job["id"])            # strategy, step time, baselines, memory
+    graph_def_bytes = client.graphdef(job["id"])  # the placed distributed GraphDef
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+__all__ = ["FINISHED", "TagplanClient", "TagplanError"]
+
+FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+INLINE_LIMIT_BYTES = 8 << 20
+"""Graphs up to this size travel inline (base64); larger ones are uploaded first."""
+
+
+class TagplanError(Exception):
+    """An error answer: ``status`` and the problem document (``detail`` says what is wrong)."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        super().__init__(f"{status}: {problem.get('detail') or problem.get('title')}")
+        self.status = status
+        self.problem = problem
+
+
+class TagplanClient:
+    """Calls the tagplan REST API with one API key."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout_s: float = 60.0):
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> TagplanClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = {"detail": response.text}
+            raise TagplanError(response.status_code, problem)
+        return response
+
+    def upload_graph(self, data: bytes, *, label: str = "") -> dict[str, Any]:
+        """Store a graph (binary body) and return its id and fingerprint."""
+        return self._call("POST", "/v1/graphs", content=data, params={"label": label}).json()
+
+    def _graph_input(self, graph: str | bytes) -> dict[str, Any]:
+        if isinstance(graph, str) and graph.startswith("zoo:"):
+            return {"zoo": graph[4:]}
+        data = Path(graph).read_bytes() if isinstance(graph, str) else graph
+        if len(data) > INLINE_LIMIT_BYTES:
+            return {"id": self.upload_graph(data)["id"]}
+        return {"base64": base64.b64encode(data).decode()}
+
+    @staticmethod
+    def _cluster_input(cluster: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(cluster, str) and Path(cluster).suffix.lower() in (".yaml", ".yml", ".json"):
+            return yaml.safe_load(Path(cluster).read_text(encoding="utf-8"))
+        return cluster
+
+    def submit(
+        self,
+        graph: str | bytes,
+        *,
+        cluster: str | dict[str, Any],
+        batch_size: int | None = None,
+        options: dict[str, Any] | None = None,
+        batch_inputs: list[str] | None = None,
+        loss: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a job: ``graph`` is ``zoo:NAME``, a file path or bytes; ``cluster`` a name,
+        a ``.yaml``/``.json`` file or a spec mapping. Returns the job (``existing`` is true
+        when an identical job was submitted before)."""
+        graph_input = self._graph_input(graph)
+        if batch_inputs:
+            graph_input["batch_inputs"] = batch_inputs
+        if loss:
+            graph_input["loss"] = loss
+        body: dict[str, Any] = {
+            "graph": graph_input,
+            "cluster": self._cluster_input(cluster),
+            "options": options or {},
+        }
+        if batch_size is not None:
+            body["batch_size"] = batch_size
+        return self._call("POST", "/v1/jobs", json=body).json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}").json()
+
+    def jobs(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status:
+            params["status"] = status
+        return self._call("GET", "/v1/jobs", params=params).json()
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/jobs/{job_id}").json()
+
+    def wait(self, job_id: str, *, timeout_s: float = 3600.0, poll_s: float = 1.0) -> dict:
+        """Poll until the job finishes; TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job["status"] in FINISHED:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def result(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/result").json()
+
+    def graphdef(self, job_id: str) -> bytes:
+        return self._call("GET", f"/v1/jobs/{job_id}/graphdef").content
+
+    def device_map(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/device-map").json()
+
+    def trace(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/trace").json()
+
+    def strategies(self, *, graph: str, cluster: str, batch_size: int | None = None) -> dict:
+        """Cached strategies (``cluster``: fingerprint, stored cluster id or name)."""
+        params: dict[str, Any] = {"graph": graph, "cluster": cluster}
+        if batch_size is not None:
+            params["batch_size"] = batch_size
+        return self._call("GET", "/v1/strategies", params=params).json()
