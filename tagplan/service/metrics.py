@@ -27,11 +27,8 @@ class _JobCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with session_scope(self.url) as session:
-            counts = dict(
-                session.execute(select(Job.status, func.count()).group_by(Job.status))
-                .tuples()
-                .all()
-            )
+            rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+            counts = {status: count for status, count in rows}
             done = Job.status == JobStatus.SUCCEEDED
             row = session.execute(
                 select(

@@ -1,0 +1,75 @@
+"""One embedded service for the API tests: SQLite in a temporary directory, the Celery
+worker in-process (the production task code on the in-memory broker), small limits so
+the limit tests send small bodies."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tagplan.db.keys import create_key
+from tagplan.db.session import session_scope
+from tagplan.service.app import create_app
+from tagplan.settings import get_settings
+
+LIMITS = {
+    "TAGPLAN_MAX_REQUEST_BYTES": str(1 << 20),
+    "TAGPLAN_MAX_GPUS": "64",
+}
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    saved = {k: os.environ.get(k) for k in (*LIMITS, "TAGPLAN_DATA_DIR", "TAGPLAN_BROKER_URL")}
+    os.environ.pop("TAGPLAN_BROKER_URL", None)
+    os.environ.update(LIMITS, TAGPLAN_DATA_DIR=str(tmp_path_factory.mktemp("tagplan-data")))
+    get_settings.cache_clear()
+    try:
+        with TestClient(create_app()) as client:
+            yield client
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        get_settings.cache_clear()
+
+
+def make_key(*scopes: str, rate_limit: int | None = None) -> dict[str, str]:
+    """Authorization headers of a new key with ``scopes``."""
+    with session_scope(get_settings().sqlalchemy_url) as session:
+        _, token = create_key(session, scopes=scopes, rate_limit=rate_limit)
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="session")
+def admin(service: TestClient) -> dict[str, str]:
+    return make_key("admin")
+
+
+def wait_for(client: TestClient, headers: dict[str, str], job_id: str, timeout_s: float = 240):
+    """Poll a job until it finishes; the last job document."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, f"job still {job['status']} in {job['phase']}"
+        time.sleep(0.3)
+
+
+def assert_problem(response: Any, status: int, *needles: str) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem with ``status`` whose detail has ``needles``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status and body["title"] and body["type"]
+    for needle in needles:
+        assert needle in body["detail"], body["detail"]
+    return body

@@ -1,0 +1,132 @@
+"""Jobs end to end in the embedded service: submit, poll, result, GraphDef, trace,
+deduplication, listing, cancellation, metrics; VGG19 and a verified mlp."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tagplan.planner.graph.protos import GraphDef
+from tests.service.conftest import assert_problem, make_key, wait_for
+
+MLP = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 2}}
+
+
+@pytest.fixture(scope="module")
+def mlp_job(service: TestClient, admin: dict) -> dict:
+    response = service.post("/v1/jobs", json=MLP, headers=admin)
+    assert response.status_code == 202, response.text
+    assert response.headers["location"] == f"/v1/jobs/{response.json()['id']}"
+    job = wait_for(service, admin, response.json()["id"])
+    assert job["status"] == "succeeded", job
+    return job
+
+
+def test_job_reports_progress_and_timestamps(mlp_job: dict) -> None:
+    assert mlp_job["phase"] == "compile"
+    assert mlp_job["progress"]["iterations"] > 0
+    assert mlp_job["progress"]["best_speedup"] > 0
+    assert mlp_job["created_at"] <= mlp_job["started_at"] <= mlp_job["finished_at"]
+    assert mlp_job["error"] is None
+
+
+def test_result_has_every_number(service: TestClient, mlp_job: dict) -> None:
+    reader = make_key("read")
+    result = service.get(mlp_job["links"]["result"], headers=reader).json()
+    assert result["step_time_s"] > 0
+    assert result["lower_bound_s"] <= result["step_time_s"]
+    assert set(result["baselines"]) >= {"single", "dp-nccl", "dp-ps", "horovod"}
+    assert len(result["peak_memory_bytes"]) == 16
+    assert result["estimated"]["compute"] in ("estimated", "measured", "partly measured")
+    assert result["strategy"]["version"] == 1
+
+
+def test_graphdef_parses_and_matches_the_device_map(service: TestClient, mlp_job: dict) -> None:
+    reader = make_key("read")
+    response = service.get(mlp_job["links"]["graphdef"], headers=reader)
+    assert response.headers["content-type"] == "application/octet-stream"
+    graph = GraphDef.FromString(response.content)
+    assert len(graph.node) > 0
+    devices = {node.device for node in graph.node if node.device}
+    assert devices and all(d.startswith("/job:worker/replica:0/task:") for d in devices)
+    device_map = service.get(mlp_job["links"]["device_map"], headers=reader).json()
+    assert device_map
+    trace = service.get(mlp_job["links"]["trace"], headers=reader).json()
+    assert trace["traceEvents"]
+
+
+def test_identical_submission_returns_the_existing_job(
+    service: TestClient, admin: dict, mlp_job: dict
+) -> None:
+    again = service.post("/v1/jobs", json=MLP, headers=admin)
+    assert again.status_code == 200
+    assert again.json()["id"] == mlp_job["id"] and again.json()["existing"] is True
+    other_seed = json.loads(json.dumps(MLP))
+    other_seed["options"]["seed"] = 1
+    fresh = service.post("/v1/jobs", json=other_seed, headers=admin)
+    assert fresh.status_code == 202 and fresh.json()["id"] != mlp_job["id"]
+    wait_for(service, admin, fresh.json()["id"])
+
+
+def test_list_filters_by_status_and_paginates(service: TestClient, mlp_job: dict) -> None:
+    reader = make_key("read")
+    page = service.get("/v1/jobs?status=succeeded&limit=1", headers=reader).json()
+    assert page["count"] >= 1 and len(page["data"]) == 1
+    assert all(j["status"] == "succeeded" for j in page["data"])
+    assert service.get("/v1/jobs?status=cancelled", headers=reader).status_code == 200
+    assert_problem(service.get("/v1/jobs?status=bogus", headers=reader), 422)
+
+
+def test_cancel_a_running_job(service: TestClient, admin: dict) -> None:
+    body = {"graph": {"zoo": "small_cnn"}, "cluster": "cloud", "options": {"budget_s": 60}}
+    job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
+    deadline = time.monotonic() + 60
+    while service.get(f"/v1/jobs/{job_id}", headers=admin).json()["phase"] != "search":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    cancelled = service.delete(f"/v1/jobs/{job_id}", headers=admin)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert_problem(service.delete(f"/v1/jobs/{job_id}", headers=admin), 409, "cancelled")
+    assert_problem(service.get(f"/v1/jobs/{job_id}/result", headers=admin), 409, "cancelled")
+    # the worker stops searching and takes the next job
+    follow = {**MLP, "options": {"budget_s": 1, "seed": 7}}
+    next_id = service.post("/v1/jobs", json=follow, headers=admin).json()["id"]
+    assert wait_for(service, admin, next_id, timeout_s=60)["status"] == "succeeded"
+    assert service.get(f"/v1/jobs/{job_id}", headers=admin).json()["status"] == "cancelled"
+
+
+def test_unknown_job_is_404(service: TestClient, admin: dict) -> None:
+    assert_problem(service.get("/v1/jobs/nope", headers=admin), 404, "does not exist")
+
+
+def test_metrics(service: TestClient, mlp_job: dict) -> None:
+    text = service.get("/metrics", headers=make_key("read")).text
+    assert 'tagplan_jobs{status="succeeded"}' in text
+    assert "tagplan_queue_depth" in text
+    assert "tagplan_plan_latency_seconds_count" in text
+    assert 'tagplan_cache_hits_total{kind="job"}' in text
+
+
+@pytest.mark.slow
+def test_vgg19_on_testbed(service: TestClient, admin: dict) -> None:
+    body = {"graph": {"zoo": "vgg19"}, "cluster": "testbed", "options": {"budget_s": 4}}
+    job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
+    job = wait_for(service, admin, job_id)
+    assert job["status"] == "succeeded", job
+    graph = GraphDef.FromString(service.get(f"/v1/jobs/{job_id}/graphdef", headers=admin).content)
+    assert any("conv" in node.name.lower() for node in graph.node)
+    result = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
+    assert result["speedup_vs_dp_nccl"] >= 1.0
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_mlp_plan_verifies_in_tensorflow(service: TestClient, mlp_job: dict) -> None:
+    from tagplan.planner.compile.verify import verify
+
+    result = service.get(mlp_job["links"]["result"], headers=make_key("read")).json()
+    report = verify("zoo:mlp", "testbed", result["strategy"])
+    assert report.passed, report.summary()
