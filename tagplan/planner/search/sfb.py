@@ -220,6 +220,7 @@ def _synchronized_gradients(
         state[params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]]] = True
     state |= np.isin(ir.colocation, ir.colocation[ir.variable_bytes > 0])
     op_gpus = [gpus_of_group[int(group)] for group in resolved.op_group]
+    allowed_on: dict[frozenset[int], np.ndarray] = {}
     found = []
     for row in np.argsort(-params.gradient_bytes, kind="stable").tolist():
         tensor = int(params.gradient_tensor[row])
@@ -231,8 +232,12 @@ def _synchronized_gradients(
         anchor = _sync_point(ir, placement.op_mode, tensor)
         if len(gpus) < 2 or not replicated[group] or anchor is None:
             continue
-        allowed = replicated[resolved.op_group] & ~state
-        allowed &= np.array([same == gpus for same in op_gpus])
+        allowed = allowed_on.get(gpus)
+        if allowed is None:
+            same = np.array([other == gpus for other in op_gpus])
+            allowed = allowed_on[gpus] = replicated[resolved.op_group] & ~state & same
+        if not allowed[ir.tensor_producer[anchor]]:
+            continue
         found.append((row, anchor, np.array(sorted(gpus)), local_batch[group], allowed))
     return found
 
