@@ -7,7 +7,8 @@
 * **baselines**: every baseline strategy through the same compiler and simulator; DP-NCCL's
   step is the reference the search's rewards are measured against;
 * **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
-  ``seed, seed + 1, ...`` (root parallelism), merged by best result;
+  ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
+  breaks ties in the candidate generator's order, the others shuffle them;
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   of the chosen strategy (TAG §4.2.3), kept only when the simulator says it helps;
 * **compile**: the final simulation (with its trace) and, when the GraphDef is given, the
@@ -190,6 +191,7 @@ class Planner:
             reference_step_s=self.reference_step_s,
             prior=self.prior,
             seed=seed,
+            shuffle_ties=seed != self.options.seed,
         )
 
     def search_budget_s(self, shards: int = 1) -> float:

@@ -16,7 +16,10 @@ heterogeneous allocation (DESIGN.md §7):
 On a placement of more than one GPU every option is offered; on a single GPU the four
 options are the same deployment and only ``replicate-allreduce`` is kept. Replicas on
 GPUs of different types get batch shares proportional to their speed on the model
-(HeteroG §3.4), which is what makes replication over mixed GPUs worth it.
+(HeteroG §3.4), which is what makes replication over mixed GPUs worth it. AllReduces of a
+group are fused into buckets that overlap the backward pass (Horovod's tensor fusion,
+what every data-parallel runtime does): hundreds of small collectives otherwise pay
+their latency one by one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.strategy import GroupDecision, Option
+from tagplan.planner.strategy import GradientSync, GroupDecision, Option
 from tagplan.planner.topology import Cluster
 
 __all__ = ["DEFAULT_MAX_ACTIONS", "Action", "ActionSpace", "candidate_actions"]
@@ -91,7 +94,10 @@ class ActionSpace:
         if mixed and action.option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
             weights = {str(cluster.device_names[d]): float(self.device_speed[d]) for d in devices}
         return GroupDecision(
-            device_groups=list(action.device_groups), option=action.option, batch_weights=weights
+            device_groups=list(action.device_groups),
+            option=action.option,
+            batch_weights=weights,
+            gradient_sync=GradientSync.BUCKETED,
         )
 
 

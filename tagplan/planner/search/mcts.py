@@ -19,10 +19,14 @@ Each iteration
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Search stops at an
 iteration or wall-clock budget, or when ``cancel()`` returns true (then
-:class:`~tagplan.planner.errors.Cancelled`). Ties are broken by a generator seeded with
-``seed``, so a seed and an iteration budget give the same search every time; root
-parallelism (DESIGN.md §7) runs trees with different seeds, possibly on different
-workers, and :func:`best_outcome` merges them.
+:class:`~tagplan.planner.errors.Cancelled`).
+
+Equal PUCT scores — every unvisited edge under a uniform prior — are broken in the
+candidate generator's order (most promising placements first) or, with
+``shuffle_ties``, by a generator seeded with ``seed``: TAG's "pure MCTS" of Table 7,
+and what makes root-parallel trees (DESIGN.md §7) explore differently. Either way a
+seed and an iteration budget give the same search every time; :func:`best_outcome`
+merges the trees' results.
 
 When every strategy seen runs out of memory, :func:`make_feasible` moves op groups to
 model parallelism over every GPU, the group holding the most parameters on an
@@ -151,12 +155,14 @@ class StrategySearch:
         prior: Prior | None = None,
         seed: int = 0,
         c_puct: float = DEFAULT_C_PUCT,
+        shuffle_ties: bool = False,
         name: str = "tagplan",
     ) -> None:
         self.evaluator, self.grouping, self.space = evaluator, grouping, space
         self.reference_step_s = reference_step_s
         self.prior = prior or UniformPrior()
         self.seed, self.c_puct, self.name = seed, c_puct, name
+        self.shuffle_ties = shuffle_ties
         self.order = np.argsort(-grouping.group_time_s, kind="stable").astype(np.int32)
         ir = evaluator.ir
         self._group_ops = [
@@ -219,7 +225,9 @@ class StrategySearch:
         prior = np.asarray(self.prior.probabilities(query), dtype=np.float64)
         if prior.shape != (len(self.space),) or not np.isclose(prior.sum(), 1.0):
             raise ValueError("a prior must give one probability per action, summing to 1")
-        return _Vertex(prior, self._rng.random(len(prior)) * 1e-9)
+        n = len(prior)
+        ties = self._rng.random(n) if self.shuffle_ties else -np.arange(n) / n
+        return _Vertex(prior, ties * 1e-9)
 
     # the search ---------------------------------------------------------------------------
 
