@@ -236,10 +236,12 @@ class StrategySearch:
         *,
         iterations: int | None = None,
         budget_s: float | None = None,
+        stop_below_s: float | None = None,
         progress: Callable[[SearchProgress], None] | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> SearchOutcome:
-        """Search until ``iterations`` or ``budget_s`` runs out (at least one is required)."""
+        """Search until ``iterations`` or ``budget_s`` runs out (at least one is required),
+        or a strategy that fits steps faster than ``stop_below_s``."""
         if iterations is None and budget_s is None:
             raise ValueError("give an iteration or a time budget")
         started = time.perf_counter()
@@ -279,6 +281,8 @@ class StrategySearch:
                 first_better = done
             if progress is not None:
                 progress(self._progress(done, best_key, started))
+            if stop_below_s is not None and not scored.oom and scored.step_time_s < stop_below_s:
+                break
         if best_key is None:
             raise ValueError("the budget allowed no iteration")
         best = self._scores[best_key]
