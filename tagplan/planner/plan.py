@@ -26,7 +26,8 @@ worker builds a ``Planner`` for the same inputs (everything is deterministic), r
 with every shard's :class:`~.search.mcts.SearchOutcome`.
 
 Budgets: ``budget_s`` bounds the whole plan's wall time (the search gets what the other
-phases leave); ``iterations`` bounds each tree. With an iteration budget that the time
+phases leave, SFB's ILPs a share of it); ``iterations`` bounds each tree. Compiling the
+distributed GraphDef comes on top. With an iteration budget that the time
 budget does not cut, a seed always gives the same plan.
 """
 
@@ -74,8 +75,10 @@ __all__ = [
 
 PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
 REFERENCE = "dp-nccl"
-# share of the budget kept for SFB and the final compile after the search
-_FINISH_SHARE = 0.15
+# share of the budget SFB's ILPs may take after the search
+_SFB_SHARE = 0.08
+# simulations after the search: SFB's before/after check and the final one
+_FINISH_EVALUATIONS = 3
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,10 @@ class Planner:
         for name in BASELINES:
             self._check_cancel()
             strategy = baseline_strategy(name, ir, cluster, costs)
+            started = time.perf_counter()
             self.baseline_evaluations[name] = self.evaluator.evaluate(strategy)
+            if name == REFERENCE:
+                self.evaluation_s = time.perf_counter() - started
         self.reference_step_s = self.baseline_evaluations[REFERENCE].step_time_s
         self._leave()
 
@@ -196,8 +202,9 @@ class Planner:
 
     def search_budget_s(self, shards: int = 1) -> float:
         """Seconds each of ``shards`` trees run in this process: the budget left after the
-        phases so far, less the share kept for SFB and compile."""
-        left = self.options.budget_s * (1 - _FINISH_SHARE) - (time.perf_counter() - self.started)
+        phases so far, less what SFB and the last simulations (timed like DP-NCCL's) need."""
+        finish = self.options.budget_s * _SFB_SHARE + _FINISH_EVALUATIONS * self.evaluation_s
+        left = self.options.budget_s - finish - (time.perf_counter() - self.started)
         return max(left, 0.0) / shards
 
     def search_shard(self, seed: int, *, budget_s: float | None = None) -> SearchOutcome:
@@ -228,7 +235,12 @@ class Planner:
         if self.options.sfb:
             self._check_cancel()
             strategy, decisions = apply_sfb(
-                strategy, self.ir, self.cluster, self.evaluator.costs, self.evaluator.comm
+                strategy,
+                self.ir,
+                self.cluster,
+                self.evaluator.costs,
+                self.evaluator.comm,
+                time_budget_s=self.options.budget_s * _SFB_SHARE,
             )
             sfb_decisions = tuple(decisions)
         self._enter("compile")
