@@ -119,22 +119,27 @@ def _best_connected_sets(cluster: Cluster, start: int) -> list[tuple[int, ...]]:
 def candidate_actions(
     cluster: Cluster, group_speed: np.ndarray, *, max_actions: int = DEFAULT_MAX_ACTIONS
 ) -> list[Action]:
-    """The capped candidate list of the module docstring, most promising placements first.
+    """The capped candidate list of the module docstring, most promising placements first,
+    taking one placement of each kind in turn.
 
     ``group_speed[g]`` ranks the device groups (aggregate speed on the model).
     """
     m = cluster.num_groups
     by_speed = sorted(range(m), key=lambda g: (-group_speed[g], g))
-    placements: list[tuple[int, ...]] = [tuple(range(m))]
-    placements += [tuple(sorted(by_speed[:k])) for k in range(m - 1, 0, -1)]
-    placements += _best_connected_sets(cluster, by_speed[0])
-    placements += [(g,) for g in range(m)]
-    for machine in range(cluster.num_machines):
-        placements.append(tuple(np.flatnonzero(cluster.group_machine == machine).tolist()))
-    for gpu_type in range(cluster.num_types):
-        placements.append(tuple(np.flatnonzero(cluster.group_type == gpu_type).tolist()))
-    if m > 2:
-        placements += [tuple(g for g in range(m) if g != drop) for drop in by_speed[::-1]]
+    kinds: list[list[tuple[int, ...]]] = [
+        [tuple(range(m))],
+        [tuple(sorted(by_speed[:k])) for k in range(m - 1, 0, -1)],
+        _best_connected_sets(cluster, by_speed[0]),
+        [(g,) for g in by_speed],
+        [
+            tuple(np.flatnonzero(cluster.group_machine == i).tolist())
+            for i in range(cluster.num_machines)
+        ],
+        [tuple(np.flatnonzero(cluster.group_type == t).tolist()) for t in range(cluster.num_types)],
+        [tuple(g for g in range(m) if g != drop) for drop in by_speed[::-1]] if m > 2 else [],
+    ]
+    # round-robin over the kinds, so the cap leaves every kind represented
+    placements = [kind[i] for i in range(max(map(len, kinds))) for kind in kinds if i < len(kind)]
     actions: list[Action] = []
     seen: set[Action] = set()
     for placement in placements:

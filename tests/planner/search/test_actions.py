@@ -62,3 +62,29 @@ def test_mixed_gpu_replicas_get_speed_proportional_shares() -> None:
     # duplication and model parallelism split no batch
     assert space.decision(Action((0, 1), Option.DUPLICATE)).batch_weights is None
     assert space.decision(Action((0,), Option.REPLICATE_ALLREDUCE)).batch_weights is None
+
+
+def test_forty_device_groups_stay_within_the_cap_with_every_kind_represented() -> None:
+    kinds = ["V100-16GB", "T4", "P100", "A10"]
+    cluster = load_cluster(
+        {
+            "machines": [
+                {
+                    "name": f"m{i}",
+                    "gpus": {"type": kinds[i % 4], "count": 1 + i % 3},
+                    "intra_bandwidth_gbps": 96,
+                }
+                for i in range(40)
+            ],
+            "network": {"bandwidth_gbps": 25},
+        }
+    )
+    speed = np.arange(40, 0, -1, dtype=float)
+    actions = candidate_actions(cluster, speed, max_actions=300)
+    assert cluster.num_groups == 40 and len(actions) == 300
+    placements = {a.device_groups for a in actions}
+    assert tuple(range(40)) in placements  # everything
+    assert (0,) in placements and (1,) in placements  # the fastest single groups
+    assert tuple(range(39)) in placements  # the slowest dropped
+    by_type = tuple(np.flatnonzero(cluster.group_type == cluster.group_type[0]).tolist())
+    assert by_type in placements
