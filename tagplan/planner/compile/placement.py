@@ -121,6 +121,21 @@ class _GroupLayout:
         self.split = _rows(replica_devices[rows], bounds[rows], bounds[rows + 1])
 
 
+def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]:
+    """Every group's layout; groups with the same decision share one (``dp-ps`` has a
+    group per parameter, differing only in the PS device)."""
+    shared: dict[tuple, _GroupLayout] = {}
+    layouts = []
+    for group in range(resolved.num_groups):
+        devices, weights = resolved.replicas(group)
+        option, ps = int(resolved.group_option[group]), int(resolved.group_ps_device[group])
+        key = (option, devices.tobytes(), weights.tobytes(), ps)
+        if key not in shared:
+            shared[key] = _GroupLayout(resolved, group, batch)
+        layouts.append(shared[key])
+    return layouts
+
+
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     """Apply the placement rules of the module docstring to every op."""
     batch = ir.batch_size
@@ -128,7 +143,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     parameter_op = _parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     sfb_op = resolved.sfb_op.tolist()
-    layouts = [_GroupLayout(resolved, g, batch) for g in range(resolved.num_groups)]
+    layouts = _group_layouts(resolved, batch)
 
     modes = np.zeros(ir.num_ops, dtype=np.int8)
     rows: list[np.ndarray] = []

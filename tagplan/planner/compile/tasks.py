@@ -27,6 +27,9 @@ devices and bytes — and the loop over op instances touches only lists and dict
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -80,11 +83,11 @@ class CompiledTasks:
     measured_fraction: float  # share of compute time from profiles
 
 
-def _pairs_csr(rows: list[int], cols: list[int], num_rows: int, num_cols: int):
+def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
     """CSR (int32 pointer, int32 columns) of the distinct ``(row, col)`` pairs, each row's
     columns in ascending order."""
     width = max(num_cols, 1)
-    codes = np.array(rows, dtype=np.int64) * width + np.array(cols, dtype=np.int64)
+    codes = np.asarray(rows, dtype=np.int64) * width + np.asarray(cols, dtype=np.int64)
     codes.sort()
     codes = codes[np.concatenate(([True], codes[1:] != codes[:-1]))] if len(codes) else codes
     ptr = np.zeros(num_rows + 1, dtype=np.int32)
@@ -145,10 +148,26 @@ class _Builder:
         self.edge_src.append(pred)
         self.edge_dst.append(succ)
 
-    def edges(self, preds: list[int], succ: int) -> None:
-        """``succ`` waits for every task of ``preds``."""
-        self.edge_src.extend(preds)
-        self.edge_dst.extend([succ] * len(preds))
+    def compute_tasks(
+        self, devices: list[int], seconds: list[float], group: int, names: list[str]
+    ) -> list[int]:
+        """Consecutive compute tasks, one per device; what :meth:`task` does for many."""
+        count, first = len(devices), len(self.kind)
+        self.kind.extend([COMPUTE] * count)
+        self.device.extend(devices)
+        self.duration.extend(seconds)
+        self.group.extend([group] * count)
+        self.nbytes.extend([0] * count)
+        self.names.extend(names)
+        self.link_count.extend([0] * count)
+        return list(range(first, first + count))
+
+    def reads(self, copies: list[_Copy], tasks: list[int]) -> None:
+        """Each of ``tasks`` reads its copy, made by an earlier task (see :meth:`read`)."""
+        self.edge_src.extend([copy.task for copy in copies])
+        self.edge_dst.extend(tasks)
+        self.read_buffer.extend([copy.buffer for copy in copies])
+        self.read_task.extend(tasks)
 
     def read(self, copy: _Copy, task: int) -> None:
         """``task`` reads ``copy``: it waits for the copy's producer and keeps it alive."""
@@ -157,9 +176,19 @@ class _Builder:
         self.read_buffer.append(copy.buffer)
         self.read_task.append(task)
 
-    def build(self, persistent: np.ndarray, num_links: int, device_names, link_names) -> TaskGraph:
+    def build(
+        self,
+        persistent: np.ndarray,
+        num_links: int,
+        device_names,
+        link_names,
+        more_edges: tuple[np.ndarray, np.ndarray],
+    ) -> TaskGraph:
+        """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added."""
         n = len(self.kind)
-        succ_ptr, succ_index = _pairs_csr(self.edge_src, self.edge_dst, n, n)
+        src = np.concatenate([np.array(self.edge_src, dtype=np.int64), more_edges[0]])
+        dst = np.concatenate([np.array(self.edge_dst, dtype=np.int64), more_edges[1]])
+        succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
         consumer_ptr, consumer_task = _pairs_csr(
             self.read_buffer, self.read_task, len(self.buffer_device), n
         )
@@ -206,6 +235,23 @@ def _split_kinds(ir: GraphIR) -> list[int]:
     ]
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (reference counting still frees everything).
+
+    Compiling allocates ~10^5-10^6 small tuples and lists and makes no reference cycles;
+    the collector's passes, triggered by those allocations, scan every live object and
+    took a quarter of the compile time.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class TaskCompiler:
     """Compiles strategies for one graph on one cluster into task graphs.
 
@@ -225,7 +271,6 @@ class TaskCompiler:
         self.ir, self.cluster, self.costs = ir, cluster, costs
         self.comm = comm or CommModel(cluster)
         self.op_inputs = _csr_lists(ir.op_input_ptr, ir.op_input_tensor)
-        self.op_control_preds = _csr_lists(ir.control_ptr, ir.control_pred)
         bounds = ir.op_output_ptr.tolist()
         self.op_outputs = [range(bounds[i], bounds[i + 1]) for i in range(ir.num_ops)]
         self.tensor_bytes = ir.tensor_bytes.tolist()
@@ -257,13 +302,15 @@ class TaskCompiler:
         self.path_links = [
             [self._path_links(src, dst) for dst in range(num_devices)] for src in range(num_devices)
         ]
+        self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self._op_times: dict[tuple[int, int], tuple[list[float], list[bool]]] = {}
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
 
     def compile(self, resolved: ResolvedStrategy) -> CompiledTasks:
         """The task graph of one resolved strategy."""
-        return _Compiler(self, resolved).compile()
+        with _collector_paused():
+            return _Compiler(self, resolved).compile()
 
     # links ---------------------------------------------------------------------------------
     def _path_links(self, src: int, dst: int) -> list[int]:
@@ -282,6 +329,13 @@ class TaskCompiler:
         if len(machines) > 1:
             links += [2 * d + x for x in machines] + [2 * d + m + x for x in machines]
         return links
+
+    def instance_names(self, op: int, count: int) -> list[str]:
+        """``<op name>/replica_<k>`` for the first ``count`` instances, formatted once."""
+        names = self._instance_names[op]
+        while len(names) < count:
+            names.append(f"{self.ir.op_names[op]}/replica_{len(names)}")
+        return names[:count]
 
     # times -----------------------------------------------------------------------------------
     def op_times(self, device: int, local_batch: int) -> tuple[list[float], list[bool]]:
@@ -320,8 +374,13 @@ class _Compiler:
     def __init__(self, fixed: TaskCompiler, resolved: ResolvedStrategy) -> None:
         self.fixed, self.resolved = fixed, resolved
         self.batch = fixed.ir.batch_size
-        self.placement = place(fixed.ir, resolved)
+        self.placement = placement = place(fixed.ir, resolved)
         self.op_group = resolved.op_group.tolist()
+        self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
+        self.inst_ptr = placement.inst_ptr.tolist()
+        self.inst_device = placement.inst_device.tolist()
+        self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
+        self.instance_task = [0] * placement.num_instances
         self.out = _Builder(fixed.cluster.num_devices)
         self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
@@ -553,16 +612,61 @@ class _Compiler:
         _barrier(self.out, f"bucket of {len(bucket)}", group, waits, [c.task for c in bucket])
 
     # ops ---------------------------------------------------------------------------------
-    def _compute(self, op: int, group: int, device: int, local_batch: int, name: str) -> int:
-        """The compute task of one op instance, timed for its GPU and local batch."""
-        seconds, measured = self.fixed.op_times(device, local_batch)
-        self.compute_s += seconds[op]
-        self.measured_s += seconds[op] if measured[op] else 0.0
-        return self.out.task(COMPUTE, device, seconds[op], group, name)
+    def _compute(self, op: int, instances: range) -> list[int]:
+        """Consecutive compute tasks for ``instances`` of ``op``, each timed for its GPU
+        and local batch."""
+        fixed, start, stop = self.fixed, instances.start, instances.stop
+        devices = self.inst_device[start:stop]
+        rows = zip(devices, self.inst_lo[start:stop], self.inst_hi[start:stop], strict=True)
+        durations = []
+        for device, lo, hi in rows:
+            seconds, measured = fixed.op_times(device, max(hi - lo, 1))
+            durations.append(seconds[op])
+            self.compute_s += seconds[op]
+            self.measured_s += seconds[op] if measured[op] else 0.0
+        replica = start - self.inst_ptr[op]
+        names = fixed.instance_names(op, replica + len(instances))[replica:]
+        tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
+        self.instance_task[start:stop] = tasks
+        return tasks
 
-    def _inputs(self, op: int, split: bool, device: int, lo: int, hi: int, task: int) -> None:
+    def _rows(self, op: int) -> list[tuple[int, int, int]]:
+        """``(device, lo, hi)`` of every instance of ``op``."""
+        first, end = self.inst_ptr[op], self.inst_ptr[op + 1]
+        return list(
+            zip(
+                self.inst_device[first:end],
+                self.inst_lo[first:end],
+                self.inst_hi[first:end],
+                strict=True,
+            )
+        )
+
+    def _ready_inputs(self, op: int) -> list[list[_Copy]] | None:
+        """Per input of ``op``, the copy each instance reads, when every one is already on
+        its GPU (the common case: a layer reading its replica's activations and the local
+        mirror of a weight); ``None`` when some instance needs a transfer or an auxiliary
+        op. Only looks: :meth:`_inputs` gives the same copies when this finds them."""
+        cache, batch, rows = self.cache, self.batch, self._rows(op)
+        split, carries = self.op_split[op], self.fixed.tensor_carries
+        ready = []
+        for tensor in self.fixed.op_inputs[op]:
+            if split and carries[tensor]:
+                copies = [cache.get((tensor, d, lo, hi)) for d, lo, hi in rows]
+            else:
+                copies = [
+                    self._same_replica(tensor, d, lo, hi) or cache.get((tensor, d, 0, batch))
+                    for d, lo, hi in rows
+                ]
+            if None in copies:
+                return None
+            ready.append(copies)
+        return ready
+
+    def _inputs(self, op: int, inst: int, task: int) -> None:
         """Bring every input of one instance of ``op`` to it (TAG §4.3.1)."""
-        group, carries = self.op_group[op], self.fixed.tensor_carries
+        group, split, carries = self.op_group[op], self.op_split[op], self.fixed.tensor_carries
+        device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         for tensor in self.fixed.op_inputs[op]:
             if split and carries[tensor]:
                 copy = self._slice(tensor, device, lo, hi, group, op)
@@ -572,24 +676,59 @@ class _Compiler:
                 )
             self.out.read(copy, task)
 
-    def _publish(self, op: int, split: bool, device: int, lo: int, hi: int, task: int) -> None:
-        """Make the outputs of one instance of ``op`` available to its readers."""
-        fixed, batch = self.fixed, self.batch
-        for tensor in fixed.op_outputs[op]:
-            kind = fixed.tensor_split_kind[tensor] if split else _FULL
-            if kind == _FULL:
-                lo_t, hi_t = 0, batch
-            else:
-                lo_t, hi_t = lo, hi
-                if kind == _SLICE and (lo, hi) == (0, batch):
-                    kind = _FULL
-            nbytes = self._bytes(tensor, lo_t, hi_t, memory=True)
-            copy = _Copy(device, lo_t, hi_t, kind, task, self.out.buffer(device, nbytes, task))
-            self.copies[tensor].append(copy)
-            if kind in (_MEAN, _LOCAL):
-                self.replica_values.setdefault((tensor, device), []).append(copy)
-            if kind in (_FULL, _SLICE):
-                self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
+    def _publish(self, op: int, instances: range, tasks: list[int]) -> None:
+        """Make the outputs of ``instances`` of ``op`` (run by ``tasks``) available to
+        their readers."""
+        fixed, batch, out = self.fixed, self.batch, self.out
+        split, outputs = self.op_split[op], fixed.op_outputs[op]
+        for inst, task in zip(instances, tasks, strict=True):
+            device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
+            for tensor in outputs:
+                kind = fixed.tensor_split_kind[tensor] if split else _FULL
+                if kind == _FULL:
+                    lo_t, hi_t = 0, batch
+                else:
+                    lo_t, hi_t = lo, hi
+                    if kind == _SLICE and (lo, hi) == (0, batch):
+                        kind = _FULL
+                nbytes = self._bytes(tensor, lo_t, hi_t, memory=True)
+                copy = _Copy(device, lo_t, hi_t, kind, task, out.buffer(device, nbytes, task))
+                self.copies[tensor].append(copy)
+                if kind in (_MEAN, _LOCAL):
+                    self.replica_values.setdefault((tensor, device), []).append(copy)
+                if kind in (_FULL, _SLICE):
+                    self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
+
+    def _op(self, op: int) -> None:
+        """Every instance of ``op``, in order, with the tasks that bring it its inputs."""
+        instances = range(self.inst_ptr[op], self.inst_ptr[op + 1])
+        ready = self._ready_inputs(op)
+        if ready is None:
+            for inst in instances:
+                one = range(inst, inst + 1)
+                tasks = self._compute(op, one)
+                self._inputs(op, inst, tasks[0])  # may add transfers, Split/Concat/AddN
+                self._publish(op, one, tasks)
+        else:  # nothing to add: the instances' tasks are consecutive
+            tasks = self._compute(op, instances)
+            for copies in ready:
+                self.out.reads(copies, tasks)
+            self._publish(op, instances, tasks)
+
+    def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pred, succ)`` task arrays: every instance of an op waits for every instance
+        of each of its control predecessors."""
+        ir, ptr = self.fixed.ir, self.placement.inst_ptr.astype(np.int64)
+        succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
+        pred_op = ir.control_pred.astype(np.int64)
+        pred_count, succ_count = np.diff(ptr)[pred_op], np.diff(ptr)[succ_op]
+        sizes = pred_count * succ_count
+        block = np.repeat(np.arange(len(sizes)), sizes)
+        within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        width = succ_count[block]
+        pred_inst = ptr[pred_op][block] + within // width
+        succ_inst = ptr[succ_op][block] + within % width
+        return instance_task[pred_inst].astype(np.int64), instance_task[succ_inst].astype(np.int64)
 
     def _persistent_bytes(self) -> np.ndarray:
         """Variable bytes resident on each device: every instance of a variable holds them."""
@@ -601,29 +740,20 @@ class _Compiler:
         return persistent
 
     def compile(self) -> CompiledTasks:
-        fixed, placement = self.fixed, self.placement
-        inst_ptr = placement.inst_ptr.tolist()
-        inst_device = placement.inst_device.tolist()
-        inst_lo, inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
-        op_split = (placement.op_mode == Mode.SPLIT).tolist()
-        instance_task = [0] * placement.num_instances
-        for op, op_name in enumerate(fixed.ir.op_names):
-            split, group, first = op_split[op], self.op_group[op], inst_ptr[op]
-            for inst in range(first, inst_ptr[op + 1]):
-                device, lo, hi = inst_device[inst], inst_lo[inst], inst_hi[inst]
-                name = f"{op_name}/replica_{inst - first}"
-                task = self._compute(op, group, device, max(hi - lo, 1), name)
-                instance_task[inst] = task
-                self._inputs(op, split, device, lo, hi, task)
-                for pred in fixed.op_control_preds[op]:
-                    self.out.edges(instance_task[inst_ptr[pred] : inst_ptr[pred + 1]], task)
-                self._publish(op, split, device, lo, hi, task)
+        for op in range(self.fixed.ir.num_ops):
+            self._op(op)
         self._schedule_collectives()
+        fixed = self.fixed
+        instance_task = np.array(self.instance_task, dtype=np.int32)
         graph = self.out.build(
-            self._persistent_bytes(), fixed.num_links, fixed.device_names, fixed.link_names
+            self._persistent_bytes(),
+            fixed.num_links,
+            fixed.device_names,
+            fixed.link_names,
+            self._control_edges(instance_task),
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
-        return CompiledTasks(graph, placement, np.array(instance_task, dtype=np.int32), measured)
+        return CompiledTasks(graph, self.placement, instance_task, measured)
 
 
 def _barrier(
