@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     """Celery result backend for shard chords; default: the broker (Redis) or in-memory."""
     visibility_timeout_s: int = Field(default=7200, gt=0)
     """Redis redelivers an unacknowledged task after this long: above the longest job."""
+    restore_interval_s: int = Field(default=10, ge=1)
+    """How often a worker looks for tasks of dead workers whose visibility timeout passed."""
     worker_concurrency: int = Field(default=1, ge=1)
 
     max_request_bytes: int = Field(default=64 * MIB, gt=0)

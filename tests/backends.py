@@ -42,9 +42,8 @@ def fresh_postgres_database() -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture
-def redis_url() -> str:
-    """A Redis database index of its own, emptied first."""
+def reset_redis() -> str:
+    """The URL of a Redis database index of its own, emptied first."""
     if not _reachable(REDIS_HOST, REDIS_PORT):
         pytest.skip("Redis is not reachable on 127.0.0.1:6379")
     import redis

@@ -32,6 +32,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend": backend,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": settings.restore_interval_s,
+            "unacked_restore_throttle": 1,
             "polling_interval": 0.1,
         },
         "broker_connection_retry_on_startup": True,

@@ -1,0 +1,117 @@
+"""A production-shaped stack from real processes: the API (``tagplan serve``) and Celery
+workers (``tagplan worker``) on the Redis and PostgreSQL of this machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tagplan.db.keys import create_key
+from tagplan.db.migrate import upgrade
+from tagplan.db.session import session_scope
+from tagplan.service.client import TagplanClient
+from tests.backends import fresh_postgres_database, reset_redis
+
+VISIBILITY_TIMEOUT_S = 6
+"""Short, so a task of a killed worker comes back within seconds."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    logs: Path
+    database_url: str
+    client: TagplanClient
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        """Start ``python -m tagplan ARGS`` in its own process group, logging to a file."""
+        log = (self.logs / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tagplan", *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def start_worker(self, name: str) -> subprocess.Popen:
+        worker = self.spawn(name, "worker", "--pool", "solo", "--hostname", f"{name}@test")
+        self.workers.append(worker)
+        return worker
+
+    def kill(self, process: subprocess.Popen) -> None:
+        """SIGKILL the process and its children, as when a machine or container dies."""
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    broker = reset_redis()
+    logs = tmp_path_factory.mktemp("stack-logs")
+    with fresh_postgres_database() as database_url:
+        upgrade(database_url)
+        with session_scope(database_url) as session:
+            _, token = create_key(session, scopes=["admin"], name="tests")
+        port = _free_port()
+        env = {
+            **os.environ,
+            "TAGPLAN_DATABASE_URL": database_url,
+            "TAGPLAN_BROKER_URL": broker,
+            "TAGPLAN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
+            "TAGPLAN_RESTORE_INTERVAL_S": "1",
+            "TAGPLAN_DATA_DIR": str(logs),
+        }
+        url = f"http://127.0.0.1:{port}"
+        stack = Stack(env, logs, database_url, TagplanClient(url, token))
+        try:
+            stack.spawn("api", "serve", "--port", str(port))
+            stack.start_worker("worker1")
+            _wait_ready(url, logs)
+            yield stack
+        finally:
+            stack.client.close()
+            stack.stop_all()
+
+
+def _wait_ready(url: str, logs: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError("API not ready: " + (logs / "api.log").read_text()[-3000:])
