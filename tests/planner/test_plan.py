@@ -4,24 +4,13 @@ the baselines, infeasible inputs, and proof by execution of the returned plan.""
 from __future__ import annotations
 
 import json
-from functools import cache
 
 import pytest
 
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
 from tagplan.planner.topology import load_cluster
-
-
-@cache
-def zoo(name: str, batch_size: int | None = None):
-    source = load_graph_source(f"zoo:{name}")
-    ir = analyze(
-        source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=batch_size
-    )
-    return source, ir
+from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
 
 def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None = None):
@@ -49,7 +38,7 @@ def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None
 
 
 def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None:
-    source, ir = zoo("vgg19")
+    source, ir = zoo_source("vgg19"), zoo_ir("vgg19")
     phases: list[str] = []
     result = plan(
         ir,
@@ -82,7 +71,7 @@ def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None
 
 
 def test_a_seed_gives_the_same_plan_and_shards_merge() -> None:
-    _, ir = zoo("mlp")
+    ir = zoo_ir("mlp")
     cluster = load_cluster("testbed")
     options = PlanOptions(iterations=15, budget_s=600, seed=4, sfb=False)
     a, b = plan(ir, cluster, options=options), plan(ir, cluster, options=options)
@@ -103,7 +92,7 @@ def test_a_seed_gives_the_same_plan_and_shards_merge() -> None:
 
 
 def test_cancel_stops_the_plan() -> None:
-    _, ir = zoo("mlp")
+    ir = zoo_ir("mlp")
     seen = []
 
     def cancel() -> bool:
@@ -127,7 +116,7 @@ def test_bad_options_are_refused() -> None:
 
 
 def test_a_graph_that_fits_nowhere_is_infeasible_with_its_overflow() -> None:
-    _, ir = zoo("vgg19")
+    ir = zoo_ir("vgg19")
     with pytest.raises(Infeasible) as raised:
         plan(ir, gpus("TINY", 1, 2, memory_gib=0.5), options=PlanOptions(iterations=3))
     assert raised.value.overflow_bytes > 0
@@ -137,7 +126,7 @@ def test_a_graph_that_fits_nowhere_is_infeasible_with_its_overflow() -> None:
 def test_bert_large_where_data_parallelism_runs_out_of_memory_gets_a_plan_that_fits() -> None:
     # batch 48 on four 11 GiB GTX-1080Ti: each replica of DP holds every parameter, its
     # Adam slots and a quarter of the activations, 11.9 GiB
-    _, ir = zoo("bert_large", 48)
+    ir = zoo_ir("bert_large", 48)
     result = plan(
         ir, gpus("GTX-1080Ti", 2, 2), options=PlanOptions(iterations=4, budget_s=600, sfb=False)
     )
@@ -153,7 +142,7 @@ def test_the_returned_plan_computes_the_single_device_step(model: str) -> None:
     from tagplan.planner.compile.verify import verify
 
     cluster = gpus("GTX-1080Ti", 2, 2)
-    _, ir = zoo(model, 4)
+    ir = zoo_ir(model, 4)
     result = plan(ir, cluster, options=PlanOptions(iterations=20, budget_s=600))
     report = verify(f"zoo:{model}", cluster, result.strategy, batch_size=4)
     assert report.passed, report.summary()

@@ -4,15 +4,12 @@ cancellation, root-parallel merge and the repair of plans that do not fit."""
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import numpy as np
 import pytest
 
 from tagplan.planner.errors import Cancelled
 from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import group_ops
@@ -26,18 +23,13 @@ from tagplan.planner.search.mcts import (
 from tagplan.planner.search.prior import PriorQuery
 from tagplan.planner.strategy import Option
 from tagplan.planner.topology import load_cluster
-
-
-@cache
-def zoo(name: str):
-    source = load_graph_source(f"zoo:{name}")
-    return analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+from tests.planner.zoo_graphs import zoo_ir
 
 
 def make_search(
     model: str, cluster, *, seed: int = 0, prior=None, shuffle_ties: bool = False
 ) -> StrategySearch:
-    ir = zoo(model)
+    ir = zoo_ir(model)
     evaluator = Evaluator(ir, cluster)
     reference = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
     grouping = group_ops(ir, evaluator.costs.op_times("V100-32GB", ir.batch_size).seconds)
@@ -172,8 +164,7 @@ def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
 
 
 def test_more_model_parallelism_until_the_step_fits() -> None:
-    source = load_graph_source("zoo:bert_small")
-    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=2)
+    ir = zoo_ir("bert_small", 2)
     # two machines of two 1.2 GiB GPUs: replicas hold every parameter and its Adam slots
     # (1.25 GiB with the reserve) and overflow; split over the GPUs the step fits
     cluster = load_cluster(
