@@ -54,6 +54,7 @@ and ``f`` the ``exponential_avg_factor``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,9 +68,11 @@ from tagplan.planner.strategy import Mode
 __all__ = [
     "BATCH_NORMS",
     "BATCH_NORM_GRADS",
+    "RunningStatistic",
     "batch_norm_splits",
     "lower_batch_norms",
     "per_replica_statistics",
+    "running_copies",
 ]
 
 BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
@@ -81,7 +84,31 @@ _NUMPY = {_DT_FLOAT: np.float32, _DT_DOUBLE: np.float64, _DT_INT32: np.int32}
 # data format -> (rank, channel axis)
 _FORMATS = {"NHWC": (4, 3), "NCHW": (4, 1), "NDHWC": (5, 4), "NCDHW": (5, 1)}
 
+_ASSIGNS = frozenset(
+    {"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub", "AssignAdd"}
+)
+
 Splits = Mapping[str, Sequence[tuple[int, int]]]
+
+
+@dataclass(frozen=True)
+class RunningStatistic:
+    """A variable updated from a split batch norm's statistics (a moving mean or variance):
+    ``values[k]`` names the tensor its assignment ``update`` would take from replica
+    ``k``'s statistics in the per-replica reference."""
+
+    variable: str
+    forward: str
+    update: str
+    values: tuple[str, ...]
+
+    def expected(self, initial: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """The variable after the step, from its initial value and an assigned value."""
+        if self.update.startswith("AssignSub"):
+            return initial - value
+        if self.update.startswith("AssignAdd"):
+            return initial + value
+        return value
 
 
 def batch_norm_splits(ir: GraphIR, placement: Placement) -> dict[str, tuple[tuple[int, int], ...]]:
@@ -147,6 +174,14 @@ class _Builder:
         tensor.tensor_content = array.tobytes()
         self.nodes.append(node)
         return node.name
+
+
+def _unique(wanted: str, taken: set[str]) -> str:
+    name, k = wanted, 1
+    while name in taken:
+        name, k = f"{wanted}_{k}", k + 1
+    taken.add(name)
+    return name
 
 
 def _copy_without(node: Any, name: str) -> Any:
@@ -279,10 +314,97 @@ def _gradient_per_replica(
     return [*build.nodes, joined]
 
 
-def per_replica_statistics(graph_def: Any, ir: GraphIR, splits: Splits) -> Any:
+def _topological(nodes: list[Any]) -> list[str]:
+    """Names of ``nodes`` with every node after the nodes among them it reads."""
+    inside = {node.name: node for node in nodes}
+    order: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        done.add(name)
+        for ref in inside[name].input:
+            if _node_name(ref) in inside:
+                visit(_node_name(ref))
+        order.append(name)
+
+    for node in nodes:
+        visit(node.name)
+    return order
+
+
+def _running_statistics(
+    graph_def: Any, splits: Splits, taken: set[str]
+) -> tuple[list[Any], dict[str, RunningStatistic]]:
+    """Per replica, a copy of each update that assigns a variable from a split batch
+    norm's batch mean or variance, ending at the value it would assign."""
+    by_name = {node.name: node for node in graph_def.node}
+    consumers: dict[str, list[str]] = {}
+    statistics: dict[str, list[str]] = {}  # batch norm -> readers of its mean or variance
+    for node in graph_def.node:
+        for ref in node.input:
+            if not ref.startswith("^"):
+                consumers.setdefault(_node_name(ref), []).append(node.name)
+                source, slot = _output(ref)
+                if source in splits and slot in (1, 2):
+                    statistics.setdefault(source, []).append(node.name)
+    nodes: list[Any] = []
+    found: dict[str, RunningStatistic] = {}
+    for forward, rows in splits.items():
+        reached: set[str] = set()
+        frontier = [forward]
+        while frontier:  # everything downstream of the statistics, up to assignments
+            name = frontier.pop()
+            for user in statistics.get(name, []) if name == forward else consumers.get(name, []):
+                kind = by_name[user].op
+                if user in reached or kind in BATCH_NORM_GRADS:
+                    continue
+                reached.add(user)
+                if kind not in _ASSIGNS:
+                    frontier.append(user)
+        for assign in sorted(n for n in reached if by_name[n].op in _ASSIGNS):
+            node = by_name[assign]
+            variable = _node_name(node.input[0])
+            if variable in found:
+                raise InvalidInput(f"{variable} is assigned twice from batch statistics")
+            path: set[str] = set()
+            stack = [_node_name(node.input[1])]
+            while stack:  # the part of the update that reads the statistics
+                name = stack.pop()
+                if name in reached and name not in path:
+                    path.add(name)
+                    stack += [_node_name(i) for i in by_name[name].input if not i.startswith("^")]
+            order = _topological([by_name[n] for n in sorted(path)])
+            values = []
+            for k in range(len(rows)):
+                copies: dict[str, str] = {}
+                for name in order:
+                    copy = _copy_without(by_name[name], "")
+                    copy.name = _unique(f"{name}/per_replica_{k}", taken)
+                    for i, ref in enumerate(copy.input):
+                        if ref.startswith("^"):
+                            continue
+                        source, slot = _output(ref)
+                        if source == forward:
+                            copy.input[i] = f"{forward}/replica_{k}:{slot}"
+                        elif source in copies:
+                            copy.input[i] = f"{copies[source]}:{slot}"
+                    copies[name] = copy.name
+                    nodes.append(copy)
+                source, slot = _output(node.input[1])
+                values.append(f"{copies[source]}:{slot}" if source in copies else node.input[1])
+            found[variable] = RunningStatistic(variable, forward, node.op, tuple(values))
+    return nodes, found
+
+
+def per_replica_statistics(
+    graph_def: Any, ir: GraphIR, splits: Splits
+) -> tuple[Any, dict[str, RunningStatistic]]:
     """A copy of the reference ``graph_def`` whose batch norms in ``splits`` (forward op
     name -> replica row ranges, from :func:`batch_norm_splits`) and their gradients
-    normalize each replica's rows with its own statistics (module docstring)."""
+    normalize each replica's rows with its own statistics, and the running statistics
+    each replica's statistics would give (module docstring)."""
     by_name = {node.name: node for node in graph_def.node}
     taken = set(by_name)
     replaced: dict[str, list[Any]] = {}
@@ -304,7 +426,25 @@ def per_replica_statistics(graph_def: Any, ir: GraphIR, splits: Splits) -> Any:
         if sources != {forward} or data[3:] != expected:
             raise InvalidInput(f"{node.name} does not read the statistics of {forward} directly")
         replaced[node.name] = _gradient_per_replica(node, ir, forward, splits[forward], taken)
-    return _replace(graph_def, replaced)
+    extra, running = _running_statistics(graph_def, splits, taken)
+    out = _replace(graph_def, replaced)
+    out.node.extend(extra)
+    return out, running
+
+
+def running_copies(
+    ir: GraphIR, placement: Placement, statistic: RunningStatistic, rows: Sequence[tuple[int, int]]
+) -> list[int | None]:
+    """For each copy of ``statistic``'s variable (in instance order), the replica (index
+    into ``rows``) whose statistics update it: the first replica on the copy's GPU; ``None``
+    for a copy on a GPU without one, which is updated from the share-weighted statistics."""
+    forward = ir.op_index(statistic.forward)
+    on_device: dict[int, int] = {}
+    for inst in placement.instances(forward):
+        lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
+        on_device.setdefault(int(placement.inst_device[inst]), rows.index((lo, hi)))
+    variable = ir.op_index(statistic.variable)
+    return [on_device.get(int(placement.inst_device[i])) for i in placement.instances(variable)]
 
 
 # double precision ------------------------------------------------------------------------

@@ -63,9 +63,11 @@ from typing import Any
 import numpy as np
 
 from tagplan.planner.compile.batchnorm import (
+    RunningStatistic,
     batch_norm_splits,
     lower_batch_norms,
     per_replica_statistics,
+    running_copies,
 )
 from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
 from tagplan.planner.errors import InvalidInput
@@ -85,6 +87,8 @@ _WORKER_DEVICE = re.compile(r"^/job:worker/replica:0/task:(\d+)/device:GPU:(\d+)
 _UNSET = float("nan")
 _REMAPPING_OFF = 2  # RewriterConfig.OFF
 _BATCH_BYTES = 256 << 20  # variable values moved in and out of a session per run
+_NOISE_GRADIENT = 1e-12  # a gradient element this small relative to the largest is rounding
+_NOISE_FACTOR = 10.0  # such an element may move 10x as far as any such element of the reference
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,16 @@ class _Reference:
     initial: dict[str, np.ndarray]
     loss: float
     updated: dict[str, np.ndarray]
-    per_replica_batch_norms: int = 0
+    splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    # running statistic -> (its update, its value after the step from each replica's)
+    running: dict[str, tuple[RunningStatistic, list[np.ndarray]]] = field(default_factory=dict)
+    # parameter -> elements whose gradient is zero up to rounding, and the noise floor
+    noise: dict[str, np.ndarray] = field(default_factory=dict)
+    noise_floor: float = 0.0
+
+    @property
+    def per_replica_batch_norms(self) -> int:
+        return len(self.splits)
 
 
 def _tensorflow() -> Any:
@@ -185,12 +198,15 @@ def _random_batch(
     return feed
 
 
-def _load(graph_spec: str, batch_size: int) -> tuple[Any, GraphIR, list[dict], str, str | None]:
+def _load(
+    graph_spec: str, batch_size: int, image_size: int | None
+) -> tuple[Any, GraphIR, list[dict], str, str | None]:
     """The graph at the verifying batch, its IR, input specs, init node and train node."""
     if graph_spec.startswith(ZOO_PREFIX):
         from tagplan.planner.zoo import generate
 
-        built = generate.build(graph_spec[len(ZOO_PREFIX) :], batch_size=batch_size)
+        name = graph_spec[len(ZOO_PREFIX) :]
+        built = generate.build(name, batch_size=batch_size, image_size=image_size)
         if not built.runnable or built.init_node is None:
             raise InvalidInput(f"{graph_spec} cannot run on its own (its variables live outside)")
         graph_def = GraphDef.FromString(built.graph_def.SerializeToString())
@@ -202,6 +218,8 @@ def _load(graph_spec: str, batch_size: int) -> tuple[Any, GraphIR, list[dict], s
             loss=built.loss_node,
         )
         return graph_def, ir, inputs, built.init_node, built.train_node
+    if image_size is not None:
+        raise InvalidInput("only a zoo model is rebuilt at another image size")
     graph_def = load_graph_source(graph_spec).graph_def
     ir = analyze(graph_def)
     names = {node.name: node for node in graph_def.node}
@@ -248,8 +266,10 @@ def _variables(ir: GraphIR) -> list[str]:
     return [ir.op_names[op] for op in range(ir.num_ops) if ir.op_types[op] in VARIABLE_OPS]
 
 
-def _load_original(tf: Any, graph_spec: str, batch_size: int, seed: int, double: bool) -> _Original:
-    graph_def, ir, inputs, init, train = _load(graph_spec, batch_size)
+def _load_original(
+    graph_spec: str, batch_size: int, image_size: int | None, seed: int, double: bool
+) -> _Original:
+    graph_def, ir, inputs, init, train = _load(graph_spec, batch_size, image_size)
     if ir.loss_op < 0:
         raise InvalidInput(f"{graph_spec} has no loss to compare")
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
@@ -262,16 +282,19 @@ def _load_original(tf: Any, graph_spec: str, batch_size: int, seed: int, double:
 
 
 def _run_original(
-    tf: Any, original: _Original, splits: Mapping[str, Sequence[tuple[int, int]]], double: bool
+    tf: Any,
+    original: _Original,
+    splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
+    double: bool,
 ) -> _Reference:
     """One step of the original graph, with per-replica batch statistics for ``splits``.
 
     The first run initializes the variables with the graph's initializer and keeps their
     values; later runs assign those values.
     """
-    graph_def = original.graph_def
+    graph_def, running = original.graph_def, {}
     if splits:
-        graph_def = per_replica_statistics(graph_def, original.ir, splits)
+        graph_def, running = per_replica_statistics(graph_def, original.ir, dict(splits))
     names = _variables(original.ir)
     with tf.Graph().as_default() as graph:
         runnable = to_float64(graph_def) if double else graph_def
@@ -293,18 +316,49 @@ def _run_original(
                 run = [assigns[n][1] for n in batch]
                 session.run(run, {assigns[n][0]: initial[n] for n in batch})
             fed = {f"{name}:0": value for name, value in original.feed.items()}
-            loss, _ = session.run([f"{original.ir.op_names[original.ir.loss_op]}:0", train], fed)
+            loss_node = f"{original.ir.op_names[original.ir.loss_op]}:0"
+            values = {name: list(s.values) for name, s in running.items()}
+            gradients = _gradients(original.ir)
+            loss, _, assigned, gradient = session.run([loss_node, train, values, gradients], fed)
             updated = session.run(reads)
+    noise = _noise(gradient)
+    moved = [np.abs(updated[n] - initial[n])[mask] for n, mask in noise.items()]
+    floor = _NOISE_FACTOR * max((float(m.max()) for m in moved if m.size), default=0.0)
     return _Reference(
         original.label,
         original.graph_def,
         original.ir,
         original.feed,
-        original.initial,
+        initial,
         float(loss),
         updated,
-        sum(len(rows) > 1 for rows in splits.values()),
+        splits,
+        {
+            name: (s, [s.expected(initial[name], v) for v in assigned[name]])
+            for name, s in running.items()
+        },
+        noise,
+        floor,
     )
+
+
+def _gradients(ir: GraphIR) -> dict[str, str]:
+    """Parameter variable -> its gradient tensor."""
+    params = ir.parameters
+    found = {}
+    for row in range(len(params)):
+        tensor = int(params.gradient_tensor[row])
+        producer = ir.op_names[int(ir.tensor_producer[tensor])]
+        found[ir.op_names[int(params.variable_op[row])]] = f"{producer}:{ir.tensor_slot[tensor]}"
+    return found
+
+
+def _noise(gradients: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Parameter -> mask of the elements whose gradient is zero up to rounding: at most
+    :data:`_NOISE_GRADIENT` times the largest gradient element of the step."""
+    scale = max((float(np.abs(g).max()) for g in gradients.values() if g.size), default=0.0)
+    masks = {name: np.abs(g) <= _NOISE_GRADIENT * scale for name, g in gradients.items()}
+    return {name: mask for name, mask in masks.items() if mask.any()}
 
 
 def _name(ref: str) -> str:
@@ -405,7 +459,7 @@ def _rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(rel.max()) if rel.size else 0.0
 
 
-def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> bool:
+def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float | np.ndarray) -> bool:
     if actual.shape != expected.shape:
         return False
     return bool(np.all(np.abs(actual - expected) <= atol + rtol * np.abs(expected)))
@@ -427,15 +481,13 @@ def _batches(items: list[Any], nbytes: Any, limit: int = _BATCH_BYTES) -> list[l
 
 def _check(
     name: str,
-    replicas: list[tuple[str, np.ndarray]],
-    reference: _Reference,
-    tolerance: tuple[float, float],
+    replicas: list[tuple[str, np.ndarray, np.ndarray]],
+    tolerance: tuple[float, float | np.ndarray],
 ) -> tuple[VariableCheck, list[str]]:
-    """Every replica of variable ``name`` against the original's updated value."""
+    """Every replica ``(node, actual, expected)`` of variable ``name``."""
     rtol, atol = tolerance
-    expected = reference.updated[name]
     errors, absolute, problems = [], [], []
-    for node, actual in replicas:
+    for node, actual, expected in replicas:
         if actual.shape != expected.shape:
             problems.append(f"{node}: shape {actual.shape} != {expected.shape}")
             continue
@@ -448,6 +500,30 @@ def _check(
             )
     worst_abs, worst_rel = max(absolute, default=math.inf), max(errors, default=math.inf)
     return VariableCheck(name, len(replicas), worst_abs, worst_rel, not problems), problems
+
+
+def _expectations(
+    reference: _Reference, compiled: DistributedGraph, tolerance: tuple[float, float]
+) -> dict[str, tuple[list[np.ndarray], tuple[float, float | np.ndarray]]]:
+    """Per variable, the expected value of each of its copies and the tolerance."""
+    rtol, atol = tolerance
+    found = {}
+    for name in compiled.device_map["variables"]:
+        expected = reference.updated.get(name)
+        copies = len(compiled.device_map["variables"][name])
+        values = [expected] * copies
+        running = reference.running.get(name)
+        if running is not None:
+            statistic, per_replica = running
+            rows = dict(reference.splits)[statistic.forward]
+            which = running_copies(reference.ir, compiled.placement, statistic, rows)
+            values = [expected if k is None else per_replica[k] for k in which]
+        floor: float | np.ndarray = atol
+        mask = reference.noise.get(name)
+        if mask is not None and mask.shape == values[0].shape:
+            floor = np.where(mask, max(atol, reference.noise_floor), atol)
+        found[name] = (values, (rtol, floor))
+    return found
 
 
 def _run_compiled(
@@ -504,12 +580,20 @@ def _run_compiled(
                 size = {
                     name: reference.updated[name].nbytes * len(replicas[name]) for name in replicas
                 }
+                expect = _expectations(reference, compiled, tol)
                 for batch in _batches(list(replicas), size.__getitem__):
                     values = session.run({n: reads[n] for name in batch for n in replicas[name]})
-                    results += [
-                        _check(name, [(n, values[n]) for n in replicas[name]], reference, tol)
-                        for name in batch
-                    ]
+                    for name in batch:
+                        copies, tolerance = expect[name]
+                        found = list(
+                            zip(
+                                replicas[name],
+                                [values[n] for n in replicas[name]],
+                                copies,
+                                strict=True,
+                            )
+                        )
+                        results.append(_check(name, found, tolerance))
     except (ValueError, tf.errors.OpError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return VerifyReport(passed=False, problems=(f"TensorFlow: {message}",), **base)
@@ -540,6 +624,7 @@ def verify_many(
     atol: float = 1e-12,
     seed: int = 0,
     precision: str = "float64",
+    image_size: int | None = None,
 ) -> list[VerifyReport]:
     """:func:`verify` for several strategies, running the original step once."""
     if not isinstance(cluster, Cluster):
@@ -550,7 +635,7 @@ def verify_many(
         raise InvalidInput(f"precision must be float64 or float32, got {precision!r}")
     double = precision == "float64"
     tf = _tensorflow()
-    original = _load_original(tf, graph_spec, batch_size, seed, double)
+    original = _load_original(graph_spec, batch_size, image_size, seed, double)
     planned: list[tuple[DistributedGraph, str, tuple]] = []
     for index, item in enumerate(strategies):
         if isinstance(item, DistributedGraph):
@@ -565,7 +650,7 @@ def verify_many(
     # one reference step per way of splitting the batch norms, dropped after its last use
     reports: dict[int, VerifyReport] = {}
     for key in dict.fromkeys(key for _, _, key in planned):
-        reference = _run_original(tf, original, dict(key), double)
+        reference = _run_original(tf, original, key, double)
         for index, (compiled, label, used) in enumerate(planned):
             if used == key:
                 reports[index] = _run_compiled(
@@ -585,12 +670,14 @@ def verify(
     atol: float = 1e-12,
     seed: int = 0,
     precision: str = "float64",
+    image_size: int | None = None,
 ) -> VerifyReport:
     """Check that ``strategy`` compiled for ``cluster`` computes what ``graph_spec`` does.
 
     ``strategy`` is a strategy (an object, JSON text or a decoded document) to compile, or
     a :class:`~.graphdef.DistributedGraph` compiled earlier (at the same batch) to check
-    as it is. ``seed`` fixes the random batch. Bad input raises
+    as it is. ``seed`` fixes the random batch; ``image_size`` rebuilds a zoo image
+    classifier on smaller images (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
     :class:`~tagplan.planner.errors.InvalidInput`; a compiled graph that TensorFlow
     refuses or that computes something else gives a failing report.
     """
@@ -603,4 +690,5 @@ def verify(
         atol=atol,
         seed=seed,
         precision=precision,
+        image_size=image_size,
     )[0]

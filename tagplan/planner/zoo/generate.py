@@ -48,8 +48,9 @@ class ModelSpec:
     batch_size: int
     style: Literal["tf1", "tf2"]
     description: str
-    builder: Callable[[int], TrainGraph]
+    builder: Callable[..., TrainGraph]
     tag_table3: dict[str, Any] | None = None
+    min_image_size: int | None = None  # rebuildable at another image size down to this
 
 
 def _vgg19(batch: int) -> TrainGraph:
@@ -58,16 +59,16 @@ def _vgg19(batch: int) -> TrainGraph:
     return vgg.build(batch)
 
 
-def _resnet101(batch: int) -> TrainGraph:
+def _resnet101(batch: int, image_size: int | None = None) -> TrainGraph:
     from .models import resnet
 
-    return resnet.build(batch)
+    return resnet.build(batch, image_size or resnet.IMAGE_SIZE)
 
 
-def _inception_v3(batch: int) -> TrainGraph:
+def _inception_v3(batch: int, image_size: int | None = None) -> TrainGraph:
     from .models import inception
 
-    return inception.build(batch)
+    return inception.build(batch, image_size or inception.IMAGE_SIZE)
 
 
 def _transformer(batch: int) -> TrainGraph:
@@ -120,6 +121,7 @@ MODELS: dict[str, ModelSpec] = {
         "ResNet-101 with batch norm, ImageNet 224x224",
         _resnet101,
         {"ops": 7951, "param_size_mib": 169},
+        min_image_size=32,
     ),
     "inception_v3": ModelSpec(
         96,
@@ -127,6 +129,7 @@ MODELS: dict[str, ModelSpec] = {
         "Inception-v3 with batch norm, ImageNet 299x299",
         _inception_v3,
         {"ops": 5312, "param_size_mib": 90},
+        min_image_size=75,
     ),
     "transformer": ModelSpec(
         480,
@@ -168,10 +171,25 @@ def _spec(name: str) -> ModelSpec:
         ) from None
 
 
-def build(name: str, batch_size: int | None = None) -> TrainGraph:
-    """Build model ``name`` (at its zoo batch size unless given) and return its TrainGraph."""
+def build(name: str, batch_size: int | None = None, *, image_size: int | None = None) -> TrainGraph:
+    """Build model ``name`` (at its zoo batch size unless given) and return its TrainGraph.
+
+    ``image_size`` rebuilds an image classifier whose global pooling makes it
+    size-independent (ResNet-101 from 32, Inception-v3 from 75 pixels) on smaller
+    images: the same layers and parameters, less computation.
+    """
     spec = _spec(name)
-    return spec.builder(batch_size or spec.batch_size)
+    batch = batch_size or spec.batch_size
+    if image_size is None:
+        return spec.builder(batch)
+    if spec.min_image_size is None:
+        raise InvalidInput(f"zoo model {name!r} is not rebuilt at another image size")
+    if image_size < spec.min_image_size:
+        raise InvalidInput(
+            f"zoo model {name!r} needs images of at least {spec.min_image_size} pixels, "
+            f"got {image_size}"
+        )
+    return spec.builder(batch, image_size)
 
 
 def _manifest_entry(spec: ModelSpec, graph: TrainGraph, data: bytes) -> dict[str, Any]:

@@ -14,9 +14,9 @@ __all__ = ["build"]
 IMAGE_SIZE = 299
 
 
-def build(batch_size: int) -> TrainGraph:
-    """Inception-v3 training step on ``batch_size`` 299x299 RGB images."""
+def build(batch_size: int, image_size: int = IMAGE_SIZE) -> TrainGraph:
+    """Inception-v3 training step on ``batch_size`` RGB images of ``image_size`` pixels."""
     return build_tf1(
-        lambda: image_classifier("InceptionV3", batch_size, IMAGE_SIZE),
-        config={"image_size": IMAGE_SIZE, "classes": IMAGENET_CLASSES, "source": "tf_keras"},
+        lambda: image_classifier("InceptionV3", batch_size, image_size),
+        config={"image_size": image_size, "classes": IMAGENET_CLASSES, "source": "tf_keras"},
     )

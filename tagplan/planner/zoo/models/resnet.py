@@ -14,9 +14,9 @@ __all__ = ["build"]
 IMAGE_SIZE = 224
 
 
-def build(batch_size: int) -> TrainGraph:
-    """ResNet-101 training step on ``batch_size`` 224x224 RGB images."""
+def build(batch_size: int, image_size: int = IMAGE_SIZE) -> TrainGraph:
+    """ResNet-101 training step on ``batch_size`` RGB images of ``image_size`` pixels."""
     return build_tf1(
-        lambda: image_classifier("ResNet101", batch_size, IMAGE_SIZE),
-        config={"image_size": IMAGE_SIZE, "classes": IMAGENET_CLASSES, "source": "tf_keras"},
+        lambda: image_classifier("ResNet101", batch_size, image_size),
+        config={"image_size": image_size, "classes": IMAGENET_CLASSES, "source": "tf_keras"},
     )
