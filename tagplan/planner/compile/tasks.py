@@ -384,8 +384,8 @@ class _Compiler:
         self.out = _Builder(fixed.cluster.num_devices)
         self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
-        # per-replica values (batch statistics, shapes) by (tensor, device)
-        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
+        # per-replica values (batch statistics, shapes) by tensor, then device
+        self.replica_values: dict[int, dict[int, list[_Copy]]] = {}
         self.compute_s = 0.0
         self.measured_s = 0.0
         self.collectives: list[_Collective] = []
@@ -568,7 +568,8 @@ class _Compiler:
         """Per-replica batch statistics are used where they are, as in every data-parallel
         framework: by the same replica (its batch-norm gradient), or by whatever runs on
         that GPU (the update of its mirror of the running averages)."""
-        local = self.replica_values.get((tensor, device))
+        by_device = self.replica_values.get(tensor)
+        local = by_device.get(device) if by_device else None
         if not local:
             return None
         exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
@@ -653,11 +654,13 @@ class _Compiler:
         for tensor in self.fixed.op_inputs[op]:
             if split and carries[tensor]:
                 copies = [cache.get((tensor, d, lo, hi)) for d, lo, hi in rows]
-            else:
+            elif tensor in self.replica_values:
                 copies = [
                     self._same_replica(tensor, d, lo, hi) or cache.get((tensor, d, 0, batch))
                     for d, lo, hi in rows
                 ]
+            else:  # no per-replica values: what _same_replica would find is nothing
+                copies = [cache.get((tensor, d, 0, batch)) for d, _, _ in rows]
             if None in copies:
                 return None
             ready.append(copies)
@@ -679,25 +682,28 @@ class _Compiler:
     def _publish(self, op: int, instances: range, tasks: list[int]) -> None:
         """Make the outputs of ``instances`` of ``op`` (run by ``tasks``) available to
         their readers."""
-        fixed, batch, out = self.fixed, self.batch, self.out
-        split, outputs = self.op_split[op], fixed.op_outputs[op]
-        for inst, task in zip(instances, tasks, strict=True):
-            device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
-            for tensor in outputs:
-                kind = fixed.tensor_split_kind[tensor] if split else _FULL
-                if kind == _FULL:
-                    lo_t, hi_t = 0, batch
-                else:
-                    lo_t, hi_t = lo, hi
-                    if kind == _SLICE and (lo, hi) == (0, batch):
-                        kind = _FULL
+        fixed, batch, out, cache = self.fixed, self.batch, self.out, self.cache
+        split, start, stop = self.op_split[op], instances.start, instances.stop
+        kinds = fixed.tensor_split_kind
+        outputs = [(t, kinds[t] if split else _FULL) for t in fixed.op_outputs[op]]
+        rows = zip(
+            self.inst_device[start:stop],
+            self.inst_lo[start:stop],
+            self.inst_hi[start:stop],
+            tasks,
+            strict=True,
+        )
+        for device, lo, hi, task in rows:
+            for tensor, split_kind in outputs:
+                full_rows = split_kind == _FULL or (split_kind == _SLICE and hi - lo == batch)
+                kind, lo_t, hi_t = (_FULL, 0, batch) if full_rows else (split_kind, lo, hi)
                 nbytes = self._bytes(tensor, lo_t, hi_t, memory=True)
                 copy = _Copy(device, lo_t, hi_t, kind, task, out.buffer(device, nbytes, task))
                 self.copies[tensor].append(copy)
-                if kind in (_MEAN, _LOCAL):
-                    self.replica_values.setdefault((tensor, device), []).append(copy)
                 if kind in (_FULL, _SLICE):
-                    self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
+                    cache.setdefault((tensor, device, lo_t, hi_t), copy)
+                elif kind != _SUM:  # per-replica values (_MEAN, _LOCAL)
+                    self.replica_values.setdefault(tensor, {}).setdefault(device, []).append(copy)
 
     def _op(self, op: int) -> None:
         """Every instance of ``op``, in order, with the tasks that bring it its inputs."""
