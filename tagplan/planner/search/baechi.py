@@ -277,11 +277,16 @@ def sct_schedule(
     *urgent* op (one whose inputs are on every device it may use, so it can begin right
     away anywhere); otherwise it takes a ready op whose inputs are there, urgent ones
     first, then the earliest arrived. For GPUs of different speed a non-favourite op is
-    only taken by a device on which it finishes no later than on any other (ETF's
-    earliest-start rule in its finishing-time form, as in :func:`m_etf`). The first op
+    only taken by a device on which it finishes no later than on any other that would
+    take it (ETF's earliest-start rule in its finishing-time form, as in :func:`m_etf`;
+    an awake device would not take a non-urgent op). The first op
     of a unit pins the unit to its device and reserves the unit's memory; a device
     without room for a unit is excluded for it (m-SCT's rule: a full device takes no
-    more placements); when no device has room the one with the most left takes it.
+    more placements); when no device has room the one with the most left takes it. Ops
+    without work that read only such ops (constants, variable handles and reads) are
+    not scheduled themselves: their unit goes with the first op placed that reads them
+    or shares their unit (Baechi §3.3 fuses them into their neighbours), so a constant
+    or a variable read placed early does not pull its consumers' units anywhere.
 
     Edge e's data goes from device a to b in ``latency_s[a, b] + nbytes[e] /
     bandwidth_bytes_per_s[a, b]`` (nothing on one device; ``nbytes`` is NaN for a
@@ -297,7 +302,14 @@ def sct_schedule(
     for e, (i, j) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
         preds[j].append(e)
         succs[i].append(e)
-    waiting = np.array([len(p) for p in preds], dtype=np.int64)
+    # Baechi fuses ops into their neighbours (§3.3): an op without work that reads only
+    # such ops (a constant, a variable handle and its read) is not placed on its own; its
+    # unit goes with the first op placed that reads it or belongs to it, and it does
+    # not hold back its consumers
+    follower = times.max(axis=0) == 0
+    for op in _topological_order(num_ops, src, dst).tolist():
+        follower[op] = follower[op] and all(follower[src[e]] for e in preds[op])
+    waiting = np.array([sum(not follower[src[e]] for e in p) for p in preds], dtype=np.int64)
     arrival = np.full((num_ops, num_devices), np.inf)
     finish = np.zeros(num_ops)
     device_of_op = np.full(num_ops, -1, dtype=np.int64)
@@ -314,6 +326,8 @@ def sct_schedule(
         for e in preds[op]:
             i = int(src[e])
             a = device_of_op[i]
+            if follower[i] and a < 0:  # placed with its unit later, at no cost here
+                continue
             if np.isnan(nbytes[e]):
                 row = np.maximum(row, finish[i])
             else:
@@ -323,7 +337,17 @@ def sct_schedule(
         arrival[op] = row
         ready.append(op)
 
-    for op in np.flatnonzero(waiting == 0).tolist():
+    def pin(unit: int, d: int) -> None:
+        if device_of_unit[unit] >= 0:
+            return
+        if used[d] + unit_memory[unit] > capacity[d]:
+            fits = np.flatnonzero(used + unit_memory[unit] <= capacity)
+            d = int(fits[0]) if len(fits) else int(np.argmax(capacity - used))
+        device_of_unit[unit] = d
+        used[d] += unit_memory[unit]
+        device_of_op[follower & (units == unit)] = d
+
+    for op in np.flatnonzero((waiting == 0) & ~follower).tolist():
         make_ready(op)
     t = 0.0
     relaxed = False  # set only if no rule lets any device move (never expected)
@@ -339,28 +363,37 @@ def sct_schedule(
         )
         here = arrival[ops]
         urgent = np.where(allowed, here, -np.inf).max(axis=1)
+        now_urgent = urgent <= t
+        position = {op: k for k, op in enumerate(ops.tolist())}
+        awake: dict[int, int] = {}  # free device -> row of the favourite child it awaits
+        for d in range(num_devices):
+            if free_at[d] <= t and last_op[d] >= 0:
+                k = position.get(int(favourite[last_op[d]]), -1)
+                if k >= 0 and allowed[k, d] and here[k, d] <= here[k][allowed[k]].min():
+                    awake[d] = k
         begin = np.maximum(np.maximum(here, free_at[None, :]), t)
         end = np.where(allowed, begin + times[:, ops].T, np.inf)
+        for d, k in awake.items():  # an awake device takes nothing else but urgent ops
+            others = ~now_urgent
+            others[k] = False
+            end[others, d] = np.inf
         best_end = end.min(axis=1)
-        position = {op: k for k, op in enumerate(ops.tolist())}
+        tol = 1e-12 + 1e-9 * np.abs(best_end)
         chosen = None
         for d in device_order:
             if free_at[d] > t:
                 continue
             arrived = allowed[:, d] & (here[:, d] <= t)
-            child = int(favourite[last_op[d]]) if last_op[d] >= 0 else -1
-            k = position.get(child, -1)
-            awake = k >= 0 and allowed[k, d] and here[k, d] <= here[k][allowed[k]].min()
-            if awake and arrived[k]:
-                chosen = (child, d)
+            k = awake.get(d, -1)
+            if k >= 0 and arrived[k]:
+                chosen = (int(ops[k]), d)
                 break
-            tol = 1e-12 + 1e-9 * np.abs(best_end)
             fine = arrived & ((t + times[d, ops] <= best_end + tol) | relaxed)
-            if awake and not relaxed:
-                fine &= urgent <= t
+            if k >= 0 and not relaxed:
+                fine &= now_urgent
             if fine.any():
                 candidates = np.flatnonzero(fine)
-                rank = np.lexsort((ops[candidates], here[candidates, d], urgent[candidates] > t))
+                rank = np.lexsort((ops[candidates], here[candidates, d], ~now_urgent[candidates]))
                 chosen = (int(ops[candidates[rank[0]]]), d)
                 break
         if chosen is None:
@@ -373,9 +406,10 @@ def sct_schedule(
         op, d = chosen
         ready.remove(op)
         unit = int(units[op])
-        if device_of_unit[unit] < 0:
-            device_of_unit[unit] = d
-            used[d] += unit_memory[unit]
+        pin(unit, d)
+        for e in preds[op]:
+            if follower[src[e]]:
+                pin(int(units[src[e]]), d)
         device_of_op[op] = d
         finish[op] = t + times[d, op]
         free_at[d] = finish[op]
@@ -386,7 +420,27 @@ def sct_schedule(
             waiting[j] -= 1
             if waiting[j] == 0:
                 make_ready(j)
+    for op in np.flatnonzero(device_of_op < 0).tolist():  # read by nothing placed
+        pin(int(units[op]), device_order[0])
     return device_of_op
+
+
+def _topological_order(num_ops: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Kahn's order of the DAG's ops (by index among the ready ones)."""
+    indegree = np.bincount(dst, minlength=num_ops)
+    order = np.argsort(src, kind="stable")
+    bounds = np.searchsorted(src[order], np.arange(num_ops + 1))
+    ready = list(np.flatnonzero(indegree == 0)[::-1])
+    out = []
+    while ready:
+        op = int(ready.pop())
+        out.append(op)
+        for e in order[bounds[op] : bounds[op + 1]].tolist():
+            j = int(dst[e])
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    return np.array(out, dtype=np.int64)
 
 
 def m_sct(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:

@@ -201,6 +201,24 @@ class TestSctSchedule:
         )
         assert devices.tolist() == [1, 1, 1]
 
+    def test_a_constant_follows_its_unit_instead_of_pulling_it(self) -> None:
+        """A (1 s) and a constant C feed R, which shares C's unit; A's output takes 1 s to
+        cross GPUs. Placed on its own at t = 0, C would land on the idle GPU 1 and drag R
+        away from A; fused with its unit (Baechi §3.3) it follows R to A's GPU."""
+        devices = sct_schedule(
+            np.array([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+            np.array([0, 1]),
+            np.array([2, 2]),
+            np.array([1.0, 0.0]),
+            latency_s=np.zeros((2, 2)),
+            bandwidth_bytes_per_s=np.ones((2, 2)),
+            favourite=np.array([-1, -1, -1]),
+            units=np.array([0, 1, 1]),
+            unit_memory=np.ones(2),
+            capacity=np.array([10.0, 10.0]),
+        )
+        assert devices.tolist() == [0, 0, 0]
+
     def test_units_move_together(self) -> None:
         """b shares a's unit: it runs on a's GPU even though c is the favourite."""
         devices = sct_schedule(
