@@ -103,22 +103,39 @@ def _rows(devices: np.ndarray, lo: np.ndarray | int, hi: np.ndarray | int) -> np
     return rows
 
 
+def _placed(mode: Mode, rows: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(mode, rows)``; one replica, or one GPU: nothing is split or copied."""
+    return int(Mode.SINGLE if len(rows) == 1 else mode), rows
+
+
 class _GroupLayout:
-    """The instance rows each kind of op of one group gets (see :func:`place`)."""
+    """``(mode, rows)`` for each kind of op of one group (the rules of :func:`place`)."""
 
     def __init__(self, resolved: ResolvedStrategy, group: int, batch: int) -> None:
-        self.option = resolved.option(group)
+        option = resolved.option(group)
         replica_devices, weights = resolved.replicas(group)
         bounds = batch_slices(weights, batch)
         devices = resolved.devices(group)
-        if self.option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
+        if option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
             # a GPU whose replicas get no rows (more replicas than examples) is left out
             devices = np.unique(replica_devices[np.diff(bounds) > 0])
-        self.everywhere = _rows(devices, 0, batch)  # the full batch on every GPU
-        self.first = self.everywhere[:1]  # the full batch on the group's first GPU
-        self.ps = _rows(resolved.group_ps_device[group : group + 1], 0, batch)
+        everywhere = _placed(Mode.DUPLICATE, _rows(devices, 0, batch))
+        self.model_parallel = option == Option.MODEL_PARALLEL
+        if option == Option.DUPLICATE:
+            self.parameter = self.no_batch = self.no_split = self.split = everywhere
+            return
+        if option == Option.REPLICATE_PS:
+            ps = resolved.group_ps_device[group : group + 1]
+            self.parameter = _placed(Mode.SINGLE, _rows(ps, 0, batch))
+        else:  # mirrored parameters
+            self.parameter = everywhere
+        # cheap non-batch work, and SFB's duplicated gradient subgraph (TAG §4.2.3: every
+        # replica computes the whole gradient)
+        self.no_batch = everywhere
+        self.no_split = _placed(Mode.SINGLE, everywhere[1][:1])  # on the first GPU
         rows = np.flatnonzero(bounds[1:] > bounds[:-1])
-        self.split = _rows(replica_devices[rows], bounds[rows], bounds[rows + 1])
+        split = _rows(replica_devices[rows], bounds[rows], bounds[rows + 1])
+        self.split = _placed(Mode.SPLIT, split)
 
 
 def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]:
@@ -144,38 +161,36 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     sfb_op = resolved.sfb_op.tolist()
     layouts = _group_layouts(resolved, batch)
+    on_device: dict[int, tuple[int, np.ndarray]] = {}  # model-parallel placements
 
-    modes = np.zeros(ir.num_ops, dtype=np.int8)
+    modes: list[int] = []
     rows: list[np.ndarray] = []
     for op, group in enumerate(resolved.op_group.tolist()):
         layout = layouts[group]
-        option = layout.option
-        if option == Option.MODEL_PARALLEL:
-            mode, placed = Mode.SINGLE, _rows(resolved.op_device[op : op + 1], 0, batch)
-        elif option == Option.DUPLICATE:
-            mode, placed = Mode.DUPLICATE, layout.everywhere
-        elif parameter_op[op] and option == Option.REPLICATE_PS:
-            mode, placed = Mode.SINGLE, layout.ps
-        elif parameter_op[op] or not has_batch_input[op] or sfb_op[op]:
-            # mirrored state, cheap non-batch work, and SFB's duplicated gradient subgraph
-            # (TAG §4.2.3: every replica computes the whole gradient)
-            mode, placed = Mode.DUPLICATE, layout.everywhere
+        if layout.model_parallel:
+            device = int(resolved.op_device[op])
+            if device not in on_device:
+                on_device[device] = _placed(Mode.SINGLE, _rows(np.array([device]), 0, batch))
+            mode, placed = on_device[device]
+        elif parameter_op[op]:  # variables, optimizer slots and updates
+            mode, placed = layout.parameter
+        elif not has_batch_input[op] or sfb_op[op]:
+            mode, placed = layout.no_batch
         elif no_split[op]:  # stateful ops are here too
-            mode, placed = Mode.SINGLE, layout.first
+            mode, placed = layout.no_split
         else:
-            mode, placed = Mode.SPLIT, layout.split
-        # one replica, or one GPU: nothing is split or copied
-        modes[op] = Mode.SINGLE if len(placed) == 1 else mode
+            mode, placed = layout.split
+        modes.append(mode)
         rows.append(placed)
 
     # colocated ops (reads, updates, slots) follow their variable's placement
-    variable_of = _variable_of_class(ir)
+    variable_of, split_mode = _variable_of_class(ir), int(Mode.SPLIT)
     for op, colocation in enumerate(ir.colocation.tolist()):
         variable = variable_of.get(colocation)
         if variable is None or variable == op:
             continue
         mirrors = set(rows[variable][:, 0].tolist())
-        if modes[op] == Mode.SPLIT and mirrors.issuperset(rows[op][:, 0].tolist()):
+        if modes[op] == split_mode and mirrors.issuperset(rows[op][:, 0].tolist()):
             continue  # a split read (an embedding lookup) of a variable mirrored on its GPUs
         modes[op], rows[op] = modes[variable], rows[variable]
 
@@ -183,7 +198,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     ptr[1:] = np.cumsum([len(r) for r in rows])
     flat = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int32)
     return Placement(
-        op_mode=modes,
+        op_mode=np.array(modes, dtype=np.int8),
         inst_ptr=ptr,
         inst_device=np.ascontiguousarray(flat[:, 0]),
         inst_lo=np.ascontiguousarray(flat[:, 1]),

@@ -330,12 +330,12 @@ class TaskCompiler:
             links += [2 * d + x for x in machines] + [2 * d + m + x for x in machines]
         return links
 
-    def instance_names(self, op: int, count: int) -> list[str]:
-        """``<op name>/replica_<k>`` for the first ``count`` instances, formatted once."""
+    def instance_names(self, op: int, first: int, count: int) -> list[str]:
+        """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
         names = self._instance_names[op]
-        while len(names) < count:
+        while len(names) < first + count:
             names.append(f"{self.ir.op_names[op]}/replica_{len(names)}")
-        return names[:count]
+        return names[first : first + count]
 
     # times -----------------------------------------------------------------------------------
     def op_times(self, device: int, local_batch: int) -> tuple[list[float], list[bool]]:
@@ -620,13 +620,14 @@ class _Compiler:
         devices = self.inst_device[start:stop]
         rows = zip(devices, self.inst_lo[start:stop], self.inst_hi[start:stop], strict=True)
         durations = []
+        compute_s, measured_s = self.compute_s, self.measured_s  # summed in instance order
         for device, lo, hi in rows:
             seconds, measured = fixed.op_times(device, max(hi - lo, 1))
             durations.append(seconds[op])
-            self.compute_s += seconds[op]
-            self.measured_s += seconds[op] if measured[op] else 0.0
-        replica = start - self.inst_ptr[op]
-        names = fixed.instance_names(op, replica + len(instances))[replica:]
+            compute_s += seconds[op]
+            measured_s += seconds[op] if measured[op] else 0.0
+        self.compute_s, self.measured_s = compute_s, measured_s
+        names = fixed.instance_names(op, start - self.inst_ptr[op], len(instances))
         tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
         self.instance_task[start:stop] = tasks
         return tasks
