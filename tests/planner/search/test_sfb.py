@@ -179,6 +179,15 @@ class TestApplySfb:
         duplicated = {op for d in decisions for op in d.duplicate_ops}
         assert duplicated and not duplicated & set(forward)
 
+    def test_a_spent_time_budget_leaves_gradients_synchronized(self) -> None:
+        ir = mlp_at_batch_4()
+        evaluator = Evaluator(ir, two_1080ti())
+        dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
+        strategy, decisions = apply_sfb(
+            dp, ir, evaluator.cluster, evaluator.costs, time_budget_s=0.0
+        )
+        assert strategy.sfb == {} and decisions == []
+
     def test_single_gpu_has_nothing_to_decide(self) -> None:
         ir = mlp_at_batch_4()
         cluster = two_1080ti()
