@@ -30,12 +30,13 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from tagplan.planner.compile.placement import Placement, place
+from tagplan.planner.compile.task_builder import TaskBuilder
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
@@ -81,142 +82,6 @@ class CompiledTasks:
     placement: Placement
     instance_task: np.ndarray  # int32: compute task of each op instance
     measured_fraction: float  # share of compute time from profiles
-
-
-def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (int32 pointer, int32 columns) of the distinct ``(row, col)`` pairs, each row's
-    columns in ascending order."""
-    width = max(num_cols, 1)
-    codes = np.asarray(rows, dtype=np.int64) * width + np.asarray(cols, dtype=np.int64)
-    codes.sort()
-    codes = codes[np.concatenate(([True], codes[1:] != codes[:-1]))] if len(codes) else codes
-    ptr = np.zeros(num_rows + 1, dtype=np.int32)
-    ptr[1:] = np.cumsum(np.bincount(codes // width, minlength=num_rows))
-    return ptr, (codes % width).astype(np.int32)
-
-
-@dataclass(eq=False)
-class _Builder:
-    """The task graph being built, one list per column. Dependencies and buffer reads are
-    ``(from, to)`` pairs that may repeat; :meth:`build` drops repeats and sorts them."""
-
-    num_devices: int
-    kind: list[int] = field(default_factory=list)
-    device: list[int] = field(default_factory=list)
-    duration: list[float] = field(default_factory=list)
-    group: list[int] = field(default_factory=list)
-    nbytes: list[int] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    link_count: list[int] = field(default_factory=list)
-    link_index: list[int] = field(default_factory=list)
-    edge_src: list[int] = field(default_factory=list)
-    edge_dst: list[int] = field(default_factory=list)
-    buffer_device: list[int] = field(default_factory=list)
-    buffer_bytes: list[int] = field(default_factory=list)
-    buffer_producer: list[int] = field(default_factory=list)
-    read_buffer: list[int] = field(default_factory=list)
-    read_task: list[int] = field(default_factory=list)
-
-    def task(
-        self,
-        kind: int,
-        device: int,
-        seconds: float,
-        group: int,
-        name: str,
-        *,
-        nbytes: int = 0,
-        links: list[int] | tuple[int, ...] = (),
-    ) -> int:
-        self.kind.append(kind)
-        self.device.append(device)
-        self.duration.append(float(seconds))
-        self.group.append(group)
-        self.nbytes.append(nbytes)
-        self.names.append(name)
-        self.link_count.append(len(links))
-        self.link_index.extend(links)
-        return len(self.kind) - 1
-
-    def buffer(self, device: int, nbytes: int, producer: int) -> int:
-        self.buffer_device.append(device)
-        self.buffer_bytes.append(nbytes)
-        self.buffer_producer.append(producer)
-        return len(self.buffer_device) - 1
-
-    def edge(self, pred: int, succ: int) -> None:
-        self.edge_src.append(pred)
-        self.edge_dst.append(succ)
-
-    def compute_tasks(
-        self, devices: list[int], seconds: list[float], group: int, names: list[str]
-    ) -> list[int]:
-        """Consecutive compute tasks, one per device; what :meth:`task` does for many."""
-        count, first = len(devices), len(self.kind)
-        self.kind.extend([COMPUTE] * count)
-        self.device.extend(devices)
-        self.duration.extend(seconds)
-        self.group.extend([group] * count)
-        self.nbytes.extend([0] * count)
-        self.names.extend(names)
-        self.link_count.extend([0] * count)
-        return list(range(first, first + count))
-
-    def reads(self, copies: list[_Copy], tasks: list[int]) -> None:
-        """Each of ``tasks`` reads its copy, made by an earlier task (see :meth:`read`)."""
-        self.edge_src.extend([copy.task for copy in copies])
-        self.edge_dst.extend(tasks)
-        self.read_buffer.extend([copy.buffer for copy in copies])
-        self.read_task.extend(tasks)
-
-    def read(self, copy: _Copy, task: int) -> None:
-        """``task`` reads ``copy``: it waits for the copy's producer and keeps it alive."""
-        if copy.task != task:
-            self.edge(copy.task, task)
-        self.read_buffer.append(copy.buffer)
-        self.read_task.append(task)
-
-    def build(
-        self,
-        persistent: np.ndarray,
-        num_links: int,
-        device_names,
-        link_names,
-        more_edges: tuple[np.ndarray, np.ndarray],
-    ) -> TaskGraph:
-        """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added."""
-        n = len(self.kind)
-        src = np.concatenate([np.array(self.edge_src, dtype=np.int64), more_edges[0]])
-        dst = np.concatenate([np.array(self.edge_dst, dtype=np.int64), more_edges[1]])
-        succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
-        consumer_ptr, consumer_task = _pairs_csr(
-            self.read_buffer, self.read_task, len(self.buffer_device), n
-        )
-        link_ptr = np.zeros(n + 1, dtype=np.int32)
-        link_ptr[1:] = np.cumsum(self.link_count)
-        return TaskGraph(
-            num_devices=self.num_devices,
-            num_links=num_links,
-            task_kind=np.array(self.kind, dtype=np.int8),
-            task_device=np.array(self.device, dtype=np.int32),
-            task_duration_s=np.array(self.duration, dtype=np.float64),
-            task_priority=np.zeros(n, dtype=np.float64),
-            task_group=np.array(self.group, dtype=np.int32),
-            task_bytes=np.array(self.nbytes, dtype=np.int64),
-            link_ptr=link_ptr,
-            link_index=np.array(self.link_index, dtype=np.int32),
-            succ_ptr=succ_ptr,
-            succ_index=succ_index,
-            buffer_device=np.array(self.buffer_device, dtype=np.int32),
-            buffer_bytes=np.array(self.buffer_bytes, dtype=np.int64),
-            buffer_producer=np.array(self.buffer_producer, dtype=np.int32),
-            consumer_ptr=consumer_ptr,
-            consumer_task=consumer_task,
-            persistent_bytes=persistent,
-            device_names=tuple(device_names),
-            link_names=tuple(link_names),
-            task_names=tuple(self.names),
-        )
 
 
 def _csr_lists(ptr: np.ndarray, index: np.ndarray) -> list[list[int]]:
@@ -324,7 +189,7 @@ class TaskCompiler:
     def collective_links(self, devices: tuple[int, ...]) -> list[int]:
         """Every participant's ports, and the uplinks of their machines if more than one."""
         d, m = self.cluster.num_devices, self.cluster.num_machines
-        links = [x for x in devices] + [d + x for x in devices]
+        links = list(devices) + [d + x for x in devices]
         machines = sorted({self.device_machine[x] for x in devices})
         if len(machines) > 1:
             links += [2 * d + x for x in machines] + [2 * d + m + x for x in machines]
@@ -352,6 +217,7 @@ class TaskCompiler:
         return self.aux_launch_s + nbytes / self.aux_bandwidth[device]
 
     def p2p_seconds(self, src: int, dst: int, nbytes: int) -> float:
+        """:meth:`CommModel.p2p_time_s`, remembered."""
         key = (src, dst, nbytes)
         found = self._p2p_s.get(key)
         if found is None:
@@ -359,6 +225,7 @@ class TaskCompiler:
         return found
 
     def allreduce_seconds(self, devices: tuple[int, ...], nbytes: int, algorithm: str) -> float:
+        """:meth:`CommModel.allreduce_time_s` over ``devices`` (in ring order), remembered."""
         key = (devices, nbytes, algorithm)
         found = self._allreduce_s.get(key)
         if found is None:
@@ -381,7 +248,7 @@ class _Compiler:
         self.inst_device = placement.inst_device.tolist()
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
         self.instance_task = [0] * placement.num_instances
-        self.out = _Builder(fixed.cluster.num_devices)
+        self.out = TaskBuilder(fixed.cluster.num_devices)
         self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
         # per-replica values (batch statistics, shapes) by tensor, then device
@@ -764,7 +631,7 @@ class _Compiler:
 
 
 def _barrier(
-    out: _Builder, name: str, group: int, waits_for: frozenset[int], releases: list[int]
+    out: TaskBuilder, name: str, group: int, waits_for: frozenset[int], releases: list[int]
 ) -> None:
     """A zero-time task that ``releases`` wait for and that waits for ``waits_for``."""
     task = out.task(TRANSFER, -1, 0.0, group, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.tasks import compile_tasks
+from tagplan.planner.compile.tasks import TaskCompiler, compile_tasks
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
@@ -168,3 +168,23 @@ def test_pushes_to_a_parameter_server_contend_for_its_network_link(ir) -> None:
     assert finishes.max() - starts.min() == pytest.approx(3 * one)
     order = np.argsort(starts)
     assert (starts[order][1:] >= finishes[order][:-1] - 1e-15).all()  # no two overlap
+
+
+def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cluster) -> None:
+    """TaskCompiler remembers op and communication times between strategies: compiling
+    several in a row must give the graphs each gives on its own."""
+    decisions = [
+        GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_PS, ps_device="b/GPU:0"),
+        GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE),
+        GroupDecision(device_groups=[0, 1], option=Option.DUPLICATE),
+        GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE),
+    ]
+    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    reused = TaskCompiler(ir, cluster, costs=costs)
+    for decision in decisions:
+        resolved = resolve(Strategy(default=decision), ir, cluster)
+        mine = reused.compile(resolved).task_graph
+        fresh = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
+        for name in ("task_kind", "task_duration_s", "succ_ptr", "succ_index", "consumer_task"):
+            assert np.array_equal(getattr(mine, name), getattr(fresh, name))
+        assert mine.task_names == fresh.task_names

@@ -1,0 +1,167 @@
+"""A :class:`~tagplan.planner.sim.taskgraph.TaskGraph` built task by task.
+
+The compiler (:mod:`.tasks`) adds hundreds of thousands of tasks, buffers and dependencies
+one at a time; Python lists take them at the cost of an append each, and
+:meth:`TaskBuilder.build` turns them into the graph's flat arrays once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
+
+__all__ = ["Piece", "TaskBuilder"]
+
+
+class Piece(Protocol):
+    """What a task reads: a buffer, and the task that produces it."""
+
+    @property
+    def task(self) -> int: ...
+
+    @property
+    def buffer(self) -> int: ...
+
+
+def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (int32 pointer, int32 columns) of the distinct ``(row, col)`` pairs, each row's
+    columns in ascending order."""
+    width = max(num_cols, 1)
+    codes = np.asarray(rows, dtype=np.int64) * width + np.asarray(cols, dtype=np.int64)
+    codes.sort()
+    codes = codes[np.concatenate(([True], codes[1:] != codes[:-1]))] if len(codes) else codes
+    ptr = np.zeros(num_rows + 1, dtype=np.int32)
+    ptr[1:] = np.cumsum(np.bincount(codes // width, minlength=num_rows))
+    return ptr, (codes % width).astype(np.int32)
+
+
+@dataclass(eq=False)
+class TaskBuilder:
+    """The task graph being built, one list per column. Dependencies and buffer reads are
+    ``(from, to)`` pairs that may repeat; :meth:`build` drops repeats and sorts them.
+
+    Tasks and buffers are numbered in the order they are added.
+    """
+
+    num_devices: int
+    kind: list[int] = field(default_factory=list)
+    device: list[int] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)
+    nbytes: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    link_count: list[int] = field(default_factory=list)
+    link_index: list[int] = field(default_factory=list)
+    edge_src: list[int] = field(default_factory=list)
+    edge_dst: list[int] = field(default_factory=list)
+    buffer_device: list[int] = field(default_factory=list)
+    buffer_bytes: list[int] = field(default_factory=list)
+    buffer_producer: list[int] = field(default_factory=list)
+    read_buffer: list[int] = field(default_factory=list)
+    read_task: list[int] = field(default_factory=list)
+
+    def task(
+        self,
+        kind: int,
+        device: int,
+        seconds: float,
+        group: int,
+        name: str,
+        *,
+        nbytes: int = 0,
+        links: list[int] | tuple[int, ...] = (),
+    ) -> int:
+        self.kind.append(kind)
+        self.device.append(device)
+        self.duration.append(float(seconds))
+        self.group.append(group)
+        self.nbytes.append(nbytes)
+        self.names.append(name)
+        self.link_count.append(len(links))
+        self.link_index.extend(links)
+        return len(self.kind) - 1
+
+    def buffer(self, device: int, nbytes: int, producer: int) -> int:
+        self.buffer_device.append(device)
+        self.buffer_bytes.append(nbytes)
+        self.buffer_producer.append(producer)
+        return len(self.buffer_device) - 1
+
+    def edge(self, pred: int, succ: int) -> None:
+        self.edge_src.append(pred)
+        self.edge_dst.append(succ)
+
+    def compute_tasks(
+        self, devices: list[int], seconds: list[float], group: int, names: list[str]
+    ) -> list[int]:
+        """Consecutive compute tasks, one per device; what :meth:`task` does for many."""
+        count, first = len(devices), len(self.kind)
+        self.kind.extend([COMPUTE] * count)
+        self.device.extend(devices)
+        self.duration.extend(seconds)
+        self.group.extend([group] * count)
+        self.nbytes.extend([0] * count)
+        self.names.extend(names)
+        self.link_count.extend([0] * count)
+        return list(range(first, first + count))
+
+    def reads(self, copies: Sequence[Piece], tasks: list[int]) -> None:
+        """Each of ``tasks`` reads its copy, made by an earlier task (see :meth:`read`)."""
+        self.edge_src.extend([copy.task for copy in copies])
+        self.edge_dst.extend(tasks)
+        self.read_buffer.extend([copy.buffer for copy in copies])
+        self.read_task.extend(tasks)
+
+    def read(self, copy: Piece, task: int) -> None:
+        """``task`` reads ``copy``: it waits for the copy's producer and keeps it alive."""
+        if copy.task != task:
+            self.edge(copy.task, task)
+        self.read_buffer.append(copy.buffer)
+        self.read_task.append(task)
+
+    def build(
+        self,
+        persistent: np.ndarray,
+        num_links: int,
+        device_names,
+        link_names,
+        more_edges: tuple[np.ndarray, np.ndarray],
+    ) -> TaskGraph:
+        """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added."""
+        n = len(self.kind)
+        src = np.concatenate([np.array(self.edge_src, dtype=np.int64), more_edges[0]])
+        dst = np.concatenate([np.array(self.edge_dst, dtype=np.int64), more_edges[1]])
+        succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
+        consumer_ptr, consumer_task = _pairs_csr(
+            self.read_buffer, self.read_task, len(self.buffer_device), n
+        )
+        link_ptr = np.zeros(n + 1, dtype=np.int32)
+        link_ptr[1:] = np.cumsum(self.link_count)
+        return TaskGraph(
+            num_devices=self.num_devices,
+            num_links=num_links,
+            task_kind=np.array(self.kind, dtype=np.int8),
+            task_device=np.array(self.device, dtype=np.int32),
+            task_duration_s=np.array(self.duration, dtype=np.float64),
+            task_priority=np.zeros(n, dtype=np.float64),
+            task_group=np.array(self.group, dtype=np.int32),
+            task_bytes=np.array(self.nbytes, dtype=np.int64),
+            link_ptr=link_ptr,
+            link_index=np.array(self.link_index, dtype=np.int32),
+            succ_ptr=succ_ptr,
+            succ_index=succ_index,
+            buffer_device=np.array(self.buffer_device, dtype=np.int32),
+            buffer_bytes=np.array(self.buffer_bytes, dtype=np.int64),
+            buffer_producer=np.array(self.buffer_producer, dtype=np.int32),
+            consumer_ptr=consumer_ptr,
+            consumer_task=consumer_task,
+            persistent_bytes=persistent,
+            device_names=tuple(device_names),
+            link_names=tuple(link_names),
+            task_names=tuple(self.names),
+        )
