@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     max_shards: int = Field(default=64, ge=1)
     rate_limit_per_minute: int = Field(default=600, gt=0)
     """Requests per API key and minute unless the key sets its own."""
+    strategy_cache_ttl_s: float = Field(default=2.0, ge=0)
+    """``GET /v1/strategies`` answers repeat queries from memory this long (0: never)."""
     allow_anonymous_loopback: bool = False
     """Let requests from 127.0.0.1/::1 through without a key (the embedded demo)."""
 

@@ -45,6 +45,9 @@ def serve_command(
         bool,
         typer.Option(help="Accept requests without a key from this machine (demos only)."),
     ] = False,
+    access_log: Annotated[
+        bool, typer.Option(help="Log every request (costs CPU on the hot path).")
+    ] = False,
 ) -> None:
     """Run the REST API. Without TAGPLAN_BROKER_URL it is self-contained: SQLite under the
     data directory and the Celery tasks in-process; with it, workers run apart."""
@@ -56,7 +59,7 @@ def serve_command(
         error_console.print("error: --allow-anonymous-loopback needs a loopback --host")
         raise typer.Exit(EXIT_BAD_INPUT)
     _embedded_env(data_dir, allow_anonymous_loopback)
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(), host=host, port=port, log_level="info", access_log=access_log)
 
 
 def worker_command(

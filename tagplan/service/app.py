@@ -18,6 +18,7 @@ from tagplan.db.migrate import upgrade
 from tagplan.service.api.routes import catalog, graphs, health, jobs, profiles, strategies
 from tagplan.service.auth import KeyCache, RateLimiter
 from tagplan.service.limits import BodySizeLimit
+from tagplan.service.memo import TtlCache
 from tagplan.service.metrics import ServiceMetrics
 from tagplan.service.problems import install_problem_handlers
 from tagplan.settings import Settings, get_settings
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.key_cache = KeyCache()
     app.state.rate_limiter = RateLimiter()
     app.state.metrics = ServiceMetrics(settings.sqlalchemy_url)
+    app.state.strategy_cache = TtlCache(settings.strategy_cache_ttl_s)
     install_problem_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     for module in (jobs, graphs, strategies, profiles, catalog, health):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from tagplan.db.keys import SCOPES, expand_scopes, verify_key
 from tagplan.db.session import session_scope
@@ -44,22 +45,25 @@ class KeyCache:
         self._entries: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
-    def lookup(self, url: str, token: str) -> Principal | None:
+    async def lookup(self, url: str, token: str) -> Principal | None:
+        """From memory when fresh; otherwise one database read in a worker thread."""
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(token)
         if hit is not None and now - hit[0] < KEY_CACHE_TTL_S:
             return hit[1]
-        with session_scope(url) as session:
-            row = verify_key(session, token)
-            principal = (
-                Principal(row.id, expand_scopes(row.scopes.split()), row.rate_limit_per_minute)
-                if row
-                else None
-            )
+        principal = await run_in_threadpool(self._read, url, token)
         with self._lock:
             self._entries[token] = (now, principal)
         return principal
+
+    @staticmethod
+    def _read(url: str, token: str) -> Principal | None:
+        with session_scope(url) as session:
+            row = verify_key(session, token)
+            if row is None:
+                return None
+            return Principal(row.id, expand_scopes(row.scopes.split()), row.rate_limit_per_minute)
 
 
 class RateLimiter:
@@ -93,7 +97,7 @@ def _token(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-def authenticate(request: Request) -> Principal:
+async def authenticate(request: Request) -> Principal:
     """The request's principal; 401 without a valid key (unless anonymous loopback)."""
     settings: Settings = request.app.state.settings
     token = _token(request)
@@ -102,7 +106,7 @@ def authenticate(request: Request) -> Principal:
         if settings.allow_anonymous_loopback and client in LOOPBACK:
             return Principal(None, frozenset(SCOPES), None)
         raise _unauthorized("an API key is required (Authorization: Bearer <key>)")
-    principal = request.app.state.key_cache.lookup(settings.sqlalchemy_url, token)
+    principal = await request.app.state.key_cache.lookup(settings.sqlalchemy_url, token)
     if principal is None:
         raise _unauthorized("the API key is unknown or revoked")
     limit = principal.rate_limit_per_minute or settings.rate_limit_per_minute
@@ -116,13 +120,16 @@ def _unauthorized(detail: str) -> Problem:
     return problem
 
 
-def require(scope: str) -> Callable[[Request], Principal]:
-    """A dependency that admits callers holding ``scope`` (403 for other keys)."""
+def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency that admits callers holding ``scope`` (403 for other keys).
+
+    Async, so the common path (a cached key) costs no trip through the thread pool.
+    """
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
-    def dependency(request: Request) -> Principal:
-        principal = authenticate(request)
+    async def dependency(request: Request) -> Principal:
+        principal = await authenticate(request)
         if scope not in principal.scopes:
             held = ", ".join(sorted(principal.scopes))
             raise Problem(403, f"this key lacks the {scope!r} scope (it has: {held})")

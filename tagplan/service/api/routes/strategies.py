@@ -3,52 +3,52 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from tagplan.db.models import ClusterRow, Job, Result
-from tagplan.service.deps import ReadKey, SessionDep, SettingsDep
+from tagplan.db.session import session_scope
+from tagplan.service.deps import ReadKey
 from tagplan.service.intake import cluster_from_input
+from tagplan.service.memo import TtlCache
 from tagplan.service.remap import ClusterMapping, cluster_from_spec_json
 from tagplan.service.schemas import StrategiesPublic, StrategyPublic
+from tagplan.settings import Settings
 
 router = APIRouter(prefix="/v1/strategies", tags=["strategies"])
 
+_HEX = frozenset("0123456789abcdef")
 
-def _spec_json(spec: dict) -> str:
+
+def _spec_json(spec: dict[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True)
 
 
-@router.get("", response_model=StrategiesPublic)
-def list_strategies(
-    request: Request,
-    session: SessionDep,
-    settings: SettingsDep,
-    _: ReadKey,
-    graph: str = Query(description="graph fingerprint"),
-    cluster: str = Query(
-        description="canonical cluster fingerprint, a stored cluster id, or a named cluster; "
-        "with an id or a name the strategies come in that cluster's numbering"
-    ),
-    batch_size: int | None = Query(default=None, gt=0),
-    limit: int = Query(default=10, ge=1, le=100),
-) -> StrategiesPublic:
-    """Cached strategies for a graph on a cluster, fastest first.
-
-    A cluster equal up to renaming and renumbering of machines and GPUs has the same
-    fingerprint and hits the cache; given as an id or a name, every strategy is remapped
-    to its numbering.
-    """
-    target: str | None = None
+def _target(session: Session, settings: Settings, cluster: str) -> tuple[str | None, str]:
+    """The numbering to answer in (a spec as JSON, or None) and the canonical fingerprint."""
     stored = session.get(ClusterRow, cluster)
     if stored is not None:
-        target, fingerprint = _spec_json(stored.spec), stored.fingerprint
-    elif len(cluster) == 64 and all(c in "0123456789abcdef" for c in cluster):
-        fingerprint = cluster
-    else:
-        loaded = cluster_from_input(settings, cluster)
-        target, fingerprint = _spec_json(loaded.spec), loaded.fingerprint
+        return _spec_json(stored.spec), stored.fingerprint
+    if len(cluster) == 64 and set(cluster) <= _HEX:
+        return None, cluster
+    loaded = cluster_from_input(settings, cluster)
+    return _spec_json(loaded.spec), loaded.fingerprint
+
+
+def _strategies(
+    session: Session,
+    settings: Settings,
+    *,
+    graph: str,
+    cluster: str,
+    batch_size: int | None,
+    limit: int,
+) -> list[StrategyPublic]:
+    target, fingerprint = _target(session, settings, cluster)
     query = (
         select(Result, ClusterRow)
         .join(Job, Job.id == Result.job_id)
@@ -85,6 +85,46 @@ def list_strategies(
                 created_at=result.created_at,
             )
         )
+    return data
+
+
+@router.get("", response_model=StrategiesPublic)
+async def list_strategies(
+    request: Request,
+    _: ReadKey,
+    graph: str = Query(description="graph fingerprint"),
+    cluster: str = Query(
+        description="canonical cluster fingerprint, a stored cluster id, or a named cluster; "
+        "with an id or a name the strategies come in that cluster's numbering"
+    ),
+    batch_size: int | None = Query(default=None, gt=0),
+    limit: int = Query(default=10, ge=1, le=100),
+) -> StrategiesPublic:
+    """Cached strategies for a graph on a cluster, fastest first.
+
+    A cluster equal up to renaming and renumbering of machines and GPUs has the same
+    fingerprint and hits the cache; given as an id or a name, every strategy is remapped
+    to its numbering.
+    """
+    settings: Settings = request.app.state.settings
+    memo: TtlCache = request.app.state.strategy_cache
+    key = (graph, cluster, batch_size, limit)
+    data = memo.get(key)
+    if data is None:
+
+        def lookup() -> list[StrategyPublic]:  # one trip to the thread pool
+            with session_scope(settings.sqlalchemy_url) as session:
+                return _strategies(
+                    session,
+                    settings,
+                    graph=graph,
+                    cluster=cluster,
+                    batch_size=batch_size,
+                    limit=limit,
+                )
+
+        data = await run_in_threadpool(lookup)
+        memo.put(key, data)
     if data:
         request.app.state.metrics.cache_hits.labels("strategy").inc()
     return StrategiesPublic(data=data, count=len(data))
