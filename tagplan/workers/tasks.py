@@ -82,7 +82,7 @@ def search_shard(self: Task, job_id: str, shard: int, seed: int) -> None:
         self,
         job_id,
         steps.shard_step(shard),
-        "search",
+        "group",  # the shard's planner regroups and rescores baselines, then searches
         lambda: steps.search_step(get_settings(), job_id, shard, seed),
     )
 

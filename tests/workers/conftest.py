@@ -37,6 +37,8 @@ class Stack:
     env: dict[str, str]
     logs: Path
     database_url: str
+    url: str
+    token: str
     client: TagplanClient
     workers: list[subprocess.Popen] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
@@ -94,7 +96,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "TAGPLAN_DATA_DIR": str(logs),
         }
         url = f"http://127.0.0.1:{port}"
-        stack = Stack(env, logs, database_url, TagplanClient(url, token))
+        stack = Stack(env, logs, database_url, url, token, TagplanClient(url, token))
         try:
             stack.spawn("api", "serve", "--port", str(port))
             stack.start_worker("worker1")
