@@ -283,10 +283,12 @@ def sct_schedule(
     of a unit pins the unit to its device and reserves the unit's memory; a device
     without room for a unit is excluded for it (m-SCT's rule: a full device takes no
     more placements); when no device has room the one with the most left takes it. Ops
-    without work that read only such ops (constants, variable handles and reads) are
-    not scheduled themselves: their unit goes with the first op placed that reads them
-    or shares their unit (Baechi §3.3 fuses them into their neighbours), so a constant
-    or a variable read placed early does not pull its consumers' units anywhere.
+    without work that read only such ops (constants, variable handles and reads), and
+    ops reading only those whose output a single op reads (a ``Fill`` of a constant
+    shape), are not scheduled themselves: their unit goes with the first op placed that
+    reads them or shares their unit, and their work runs just before that reader
+    (Baechi fuses such ops into their neighbours, §3.2–3.3). Otherwise an op that
+    depends on nothing would start at time 0 on any idle GPU, far from its reader.
 
     Edge e's data goes from device a to b in ``latency_s[a, b] + nbytes[e] /
     bandwidth_bytes_per_s[a, b]`` (nothing on one device; ``nbytes`` is NaN for a
@@ -302,13 +304,12 @@ def sct_schedule(
     for e, (i, j) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
         preds[j].append(e)
         succs[i].append(e)
-    # Baechi fuses ops into their neighbours (§3.3): an op without work that reads only
-    # such ops (a constant, a variable handle and its read) is not placed on its own; its
-    # unit goes with the first op placed that reads it or belongs to it, and it does
-    # not hold back its consumers
-    follower = times.max(axis=0) == 0
+    # ops that follow their reader (see the docstring); they hold back no consumer
+    free = times.max(axis=0) == 0
     for op in _topological_order(num_ops, src, dst).tolist():
-        follower[op] = follower[op] and all(follower[src[e]] for e in preds[op])
+        free[op] = free[op] and all(free[src[e]] for e in preds[op])
+    readers = np.array([len({int(dst[e]) for e in s}) for s in succs])
+    follower = free | ((readers == 1) & np.array([all(free[src[e]] for e in p) for p in preds]))
     waiting = np.array([sum(not follower[src[e]] for e in p) for p in preds], dtype=np.int64)
     arrival = np.full((num_ops, num_devices), np.inf)
     finish = np.zeros(num_ops)
@@ -340,12 +341,24 @@ def sct_schedule(
     def pin(unit: int, d: int) -> None:
         if device_of_unit[unit] >= 0:
             return
-        if used[d] + unit_memory[unit] > capacity[d]:
+        if used[d] + unit_memory[unit] > capacity[d]:  # the nearest GPU with room
             fits = np.flatnonzero(used + unit_memory[unit] <= capacity)
-            d = int(fits[0]) if len(fits) else int(np.argmax(capacity - used))
+            if len(fits):
+                d = int(fits[np.lexsort((latency_s[d, fits], -bandwidth_bytes_per_s[d, fits]))[0]])
+            else:
+                d = int(np.argmax(capacity - used))
         device_of_unit[unit] = d
         used[d] += unit_memory[unit]
         device_of_op[follower & (units == unit)] = d
+
+    def attach(op: int, d: int) -> float:
+        work = 0.0
+        for e in preds[op]:
+            i = int(src[e])
+            if follower[i] and device_of_op[i] < 0:
+                pin(int(units[i]), d)
+                work += times[device_of_op[i], i] + attach(i, int(device_of_op[i]))
+        return work
 
     for op in np.flatnonzero((waiting == 0) & ~follower).tolist():
         make_ready(op)
@@ -407,11 +420,9 @@ def sct_schedule(
         ready.remove(op)
         unit = int(units[op])
         pin(unit, d)
-        for e in preds[op]:
-            if follower[src[e]]:
-                pin(int(units[src[e]]), d)
+        fused = attach(op, d)  # work of followers placed with it runs first
         device_of_op[op] = d
-        finish[op] = t + times[d, op]
+        finish[op] = t + fused + times[d, op]
         free_at[d] = finish[op]
         last_op[d] = op
         relaxed = False
