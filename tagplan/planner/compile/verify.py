@@ -7,7 +7,9 @@ the strategy and compiles it with :func:`~.graphdef.compile_graphdef`. Then:
 
 1. **original**: run the graph's initializer, read every variable, feed a fixed random
    batch (seeded; integer inputs within their valid range), run one training step,
-   fetch the loss and every variable (parameters, optimizer slots, Adam's powers);
+   fetch the loss, every parameter's gradient and every variable (parameters, optimizer
+   slots, Adam's powers, running statistics); with batch norms that the strategy splits,
+   the step normalizes per replica (below), once per way of splitting them;
 2. **compiled**: assign those initial values to every replica of every variable, feed
    each replica placeholder its rows of the same batch, run ``train_op`` and the loss
    node together, read every replica of every variable;
@@ -24,7 +26,16 @@ rounding, and a purely relative elementwise tolerance fails on rounding alone. I
 ``precision="float32"`` runs the graphs as they are (pass a larger ``atol`` then). The
 default ``atol`` of ``1e-12`` is a floor for elements whose exact value is zero and that
 both runs compute as rounding noise (an attention key bias gets an exactly zero gradient
-in exact arithmetic: Adam then moves it by noise of order ``1e-16``).
+in exact arithmetic: Adam then moves it by noise of order ``1e-16``). Adam's first step
+moves an element by ``lr * g / (|g| + epsilon)``: where the exact gradient ``g`` is
+zero, the move is rounding noise amplified ``lr / epsilon`` times, up to ``1e-7`` in a
+deep network (a bias added right before a batch norm, which subtracts it again, has an
+exactly zero gradient). So a parameter element whose gradient in the original step is
+at most ``1e-12`` of the step's largest gradient element is compared with an absolute
+floor of 10 times the largest move any such element makes in the original step. Its
+optimizer slots keep the plain criterion (Adam's first moment is ``0.1 g``, compared to
+``1e-12``), so a gradient the compiled graph gets wrong there still fails, and a real
+mistake moves the element by Adam's full step, orders of magnitude above the floor.
 
 The compiled graph runs on virtual CPU devices, one per GPU of the cluster: device
 ``/job:worker/replica:0/task:T/device:GPU:i`` becomes
@@ -45,10 +56,39 @@ Every member keeps its control inputs, so gradient-sync barriers stay in force. 
 collective sums is what the ``AddN`` sums; only the order of the floating-point additions
 may differ, which the tolerance absorbs.
 
-Graphs with batch normalization (the zoo's ResNet-101 and Inception-v3) do not pass:
-replicas normalize with their own batch statistics (local batch norm, as every
-data-parallel framework does), which is not what one device computes over the whole
-batch. MLP, the small CNN, VGG19, BERT and the Transformer have no batch norm.
+Both graphs run as written: grappler's rewrites are off (they are not what is checked,
+and on graphs of tens of thousands of nodes they take longer than the step).
+
+**Batch normalization.** Under data parallelism each replica of a training-mode batch
+norm normalizes its own rows with its own mean and variance (local batch norm, what
+every data-parallel framework does and what the planner's cost model assumes: the
+analyzer aggregates batch statistics by their mean), which is not what one device
+computes over the whole batch. The compiled graph ships unchanged; the reference is
+made to compute what it is meant to compute
+(:func:`~.batchnorm.per_replica_statistics`). For every batch norm that the compiled
+placement splits into row ranges (:func:`~.batchnorm.batch_norm_splits`), and only for
+those, the reference runs the same op on each replica's rows, concatenates the
+normalized outputs, and gives its batch mean, batch variance and reserve outputs as the
+replicas' share-weighted sum (what the compiled graph sums for a reader of the whole
+tensor); its gradient op runs per replica on the same rows with that replica's
+statistics, concatenates ``x_backprop`` and sums the scale and offset gradients. Every
+other node of the reference is the plain single-device step. Model-parallel and
+duplicate groups do not split the batch: their batch norms are not rewritten, and a
+strategy splitting none runs the plain reference.
+
+Running statistics are updated per copy in the compiled graph: each copy of a moving
+mean or variance (one per GPU of a mirrored group, one on a parameter server) is
+updated from the statistics of the replica on its GPU (the first, should the GPU run
+several), without communication; a copy on a GPU without a replica gets the
+share-weighted statistics. The reference copies each such update once per replica, fed
+that replica's statistics, and fetches the value it would assign; each copy is compared
+to the value of the replica on its GPU (:func:`~.batchnorm.running_copies`), a copy
+without one to the reference's own update, with the plain criterion. Training-mode
+batch norm does not read its running statistics, so nothing else depends on them.
+
+TensorFlow's fused batch-norm kernels have no ``float64`` version: :func:`to_float64`
+replaces them, in both graphs alike, by the elementwise ops and reductions they compute
+(:func:`~.batchnorm.lower_batch_norms`).
 """
 
 from __future__ import annotations
@@ -239,6 +279,9 @@ def _session(tf: Any, graph: Any, devices: int) -> Any:
     config = tf.compat.v1.ConfigProto(device_count={"CPU": devices}, allow_soft_placement=False)
     # op fusion has no float64 kernels to fuse into; both graphs run unfused
     config.graph_options.rewrite_options.remapping = _REMAPPING_OFF
+    # both graphs run as written: grappler's rewrites are not what is checked, and on
+    # graphs of tens of thousands of nodes they take longer than the step
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
@@ -421,8 +464,9 @@ def lower_for_cpu(graph_def: Any, cluster: Cluster) -> Any:
 
 def to_float64(graph_def: Any) -> Any:
     """A copy of ``graph_def`` computing in double precision: every ``float32`` type
-    attribute (``T``, ``dtype``, ``DstT``, ...) becomes ``float64`` and every ``float32``
-    constant is widened."""
+    attribute (``T``, ``dtype``, ``DstT``, ...) becomes ``float64``, every ``float32``
+    constant is widened and fused batch norms, which have no ``float64`` kernels, become
+    the ops they compute (:func:`~.batchnorm.lower_batch_norms`)."""
     out = GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
