@@ -1,0 +1,113 @@
+"""What verification by execution (:mod:`.verify`) changes in a graph to run it on this
+machine: GPU devices and collectives become CPU devices and sums (:func:`lower_for_cpu`),
+and the computation is widened to double precision (:func:`to_float64`), fused batch
+norms included (:func:`~.batchnorm.lower_batch_norms`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from tagplan.planner.compile.batchnorm import lower_batch_norms
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.constants import tensor_ints
+from tagplan.planner.graph.protos import GraphDef, NodeDef
+from tagplan.planner.topology import Cluster
+
+__all__ = ["lower_for_cpu", "to_float64"]
+
+_DT_FLOAT, _DT_DOUBLE, _REF = 1, 2, 100
+_WORKER_DEVICE = re.compile(r"^/job:worker/replica:0/task:(\d+)/device:GPU:(\d+)$")
+
+
+def _name(ref: str) -> str:
+    return ref.lstrip("^").split(":")[0]
+
+
+def _cpu_devices(cluster: Cluster) -> dict[tuple[int, int], str]:
+    return {
+        (int(cluster.device_machine[d]), int(cluster.device_local_index[d])): (
+            f"/job:localhost/replica:0/task:0/device:CPU:{d}"
+        )
+        for d in range(cluster.num_devices)
+    }
+
+
+def lower_for_cpu(graph_def: Any, cluster: Cluster) -> Any:
+    """A copy of a compiled graph that runs on one CPU device per GPU (module docstring)."""
+    cpus = _cpu_devices(cluster)
+    by_name = {node.name: node for node in graph_def.node}
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for node in graph_def.node:
+        if node.op == "NcclAllReduce":
+            groups.setdefault(("nccl", node.attr["shared_name"].s.decode()), []).append(node)
+        elif node.op == "CollectiveReduceV2":
+            keys = []
+            for ref in node.input[2:4]:
+                key = by_name.get(_name(ref))
+                if key is None or key.op != "Const":
+                    raise InvalidInput(f"{node.name}: collective keys must be constants")
+                keys.append(str(tensor_ints(key.attr["value"].tensor)))
+            groups.setdefault(("collective", *keys), []).append(node)
+    lowered: dict[str, Any] = {}
+    for members in groups.values():
+        first = members[0]
+        controls = [i for i in first.input if i.startswith("^")]
+        data = [next(i for i in m.input if not i.startswith("^")) for m in members]
+        total = NodeDef(name=first.name, op="AddN", device=first.device)
+        total.input.extend(data + controls)
+        total.attr["N"].i = len(members)
+        total.attr["T"].type = first.attr["T"].type
+        lowered[first.name] = total
+        for member in members[1:]:
+            copy = NodeDef(name=member.name, op="Identity", device=member.device)
+            copy.input.extend([first.name] + [i for i in member.input if i.startswith("^")])
+            copy.attr["T"].type = member.attr["T"].type
+            lowered[member.name] = copy
+    out = GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(lowered.get(node.name, node))
+        if new.device:
+            match = _WORKER_DEVICE.match(new.device)
+            key = (int(match.group(1)), int(match.group(2))) if match else None
+            if key not in cpus:
+                raise InvalidInput(f"{node.name}: device {new.device!r} is not in the cluster")
+            new.device = cpus[key]
+    return out
+
+
+def to_float64(graph_def: Any) -> Any:
+    """A copy of ``graph_def`` computing in double precision: every ``float32`` type
+    attribute (``T``, ``dtype``, ``DstT``, ...) becomes ``float64``, every ``float32``
+    constant is widened and fused batch norms, which have no ``float64`` kernels, become
+    the ops they compute (:func:`~.batchnorm.lower_batch_norms`)."""
+    out = GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        for attr in node.attr.values():
+            if attr.type in (_DT_FLOAT, _DT_FLOAT + _REF):
+                attr.type += _DT_DOUBLE - _DT_FLOAT
+            kinds = attr.list.type
+            for i, kind in enumerate(kinds):
+                if kind in (_DT_FLOAT, _DT_FLOAT + _REF):
+                    kinds[i] = kind + _DT_DOUBLE - _DT_FLOAT
+            if attr.HasField("tensor") and attr.tensor.dtype == _DT_FLOAT:
+                _widen(attr.tensor)
+    return lower_batch_norms(out)
+
+
+def _widen(tensor: Any) -> None:
+    shape = [d.size for d in tensor.tensor_shape.dim]
+    count = int(np.prod(shape)) if shape else 1
+    if tensor.tensor_content:
+        values = np.frombuffer(tensor.tensor_content, dtype=np.float32)
+    else:  # repeated values fill the shape with the last one, none means zeros
+        given = list(tensor.float_val) or [0.0]
+        values = np.array(given + given[-1:] * (count - len(given)))
+    tensor.ClearField("float_val")
+    tensor.dtype = _DT_DOUBLE
+    tensor.tensor_content = values.astype(np.float64).tobytes()

@@ -1,0 +1,282 @@
+"""The reference step of verification by execution (:mod:`.verify`): the original
+graph at the verifying batch, run for one step on one device, with per-replica batch
+statistics for the batch norms a strategy splits (:mod:`.batchnorm`); and the session
+helpers both runs share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tagplan.planner.compile.batchnorm import RunningStatistic, per_replica_statistics
+from tagplan.planner.compile.lowering import to_float64
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.graph.params import VARIABLE_OPS
+from tagplan.planner.graph.protos import GraphDef, dtype_name
+from tagplan.planner.graph.source import ZOO_PREFIX, load_graph_source
+
+__all__ = [
+    "Original",
+    "Reference",
+    "assigner",
+    "batches",
+    "load_original",
+    "load_tensorflow",
+    "open_session",
+    "reader",
+    "run_reference",
+]
+
+_REMAPPING_OFF = 2  # RewriterConfig.OFF
+_BATCH_BYTES = 256 << 20  # variable values moved in and out of a session per run
+_NOISE_GRADIENT = 1e-12  # a gradient element this small relative to the largest is rounding
+_NOISE_FACTOR = 10.0  # such an element may move 10x as far as any such element of the reference
+
+
+def _name(ref: str) -> str:
+    return ref.lstrip("^").split(":")[0]
+
+
+@dataclass(eq=False)
+class Original:
+    """The original graph at the verifying batch, its batch and its initial values."""
+
+    label: str
+    graph_def: Any  # this package's GraphDef
+    ir: GraphIR
+    feed: dict[str, np.ndarray]
+    init: str
+    train: str | list[str]  # the train node, or every sink of the step
+    initial: dict[str, np.ndarray] | None = None
+
+
+@dataclass(eq=False)
+class Reference:
+    """The original step's inputs and results."""
+
+    label: str
+    graph_def: Any  # this package's GraphDef
+    ir: GraphIR
+    feed: dict[str, np.ndarray]
+    initial: dict[str, np.ndarray]
+    loss: float
+    updated: dict[str, np.ndarray]
+    splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    # running statistic -> (its update, its value after the step from each replica's)
+    running: dict[str, tuple[RunningStatistic, list[np.ndarray]]] = field(default_factory=dict)
+    # parameter -> elements whose gradient is zero up to rounding, and the noise floor
+    noise: dict[str, np.ndarray] = field(default_factory=dict)
+    noise_floor: float = 0.0
+
+    @property
+    def per_replica_batch_norms(self) -> int:
+        return len(self.splits)
+
+
+def load_tensorflow() -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf
+    except ImportError as exc:
+        raise InvalidInput("verification runs TensorFlow; install tagplan[tf]") from exc
+    return tf
+
+
+def _random_batch(
+    inputs: Sequence[Mapping[str, Any]], batch: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    feed = {}
+    for spec in inputs:
+        shape = [batch, *spec["shape"][1:]]
+        dtype = np.dtype(spec["dtype"])
+        if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+            feed[spec["name"]] = rng.integers(0, spec.get("high", 2), shape).astype(dtype)
+        else:
+            feed[spec["name"]] = rng.standard_normal(shape).astype(dtype)
+    return feed
+
+
+def _load(
+    graph_spec: str, batch_size: int, image_size: int | None
+) -> tuple[Any, GraphIR, list[dict], str, str | None]:
+    """The graph at the verifying batch, its IR, input specs, init node and train node."""
+    if graph_spec.startswith(ZOO_PREFIX):
+        from tagplan.planner.zoo import generate
+
+        name = graph_spec[len(ZOO_PREFIX) :]
+        built = generate.build(name, batch_size=batch_size, image_size=image_size)
+        if not built.runnable or built.init_node is None:
+            raise InvalidInput(f"{graph_spec} cannot run on its own (its variables live outside)")
+        graph_def = GraphDef.FromString(built.graph_def.SerializeToString())
+        inputs = [dict(spec) for spec in built.inputs]
+        ir = analyze(
+            graph_def,
+            batch_size=batch_size,
+            batch_inputs=[spec["name"] for spec in inputs],
+            loss=built.loss_node,
+        )
+        return graph_def, ir, inputs, built.init_node, built.train_node
+    if image_size is not None:
+        raise InvalidInput("only a zoo model is rebuilt at another image size")
+    graph_def = load_graph_source(graph_spec).graph_def
+    ir = analyze(graph_def)
+    names = {node.name: node for node in graph_def.node}
+    if "init" not in names:
+        raise InvalidInput(f"{graph_spec} has no 'init' node to initialize its variables")
+    inputs = []
+    for op in ir.batch_input_ops.tolist():
+        node, shape = names[ir.op_names[op]], ir.tensor_shapes[int(ir.outputs(op)[0])]
+        if node.op != "Placeholder" or shape is None or min(shape) < 0:
+            raise InvalidInput(f"batch input {node.name} is not a placeholder of known shape")
+        dtype = dtype_name(int(ir.tensor_dtype[int(ir.outputs(op)[0])]))
+        inputs.append({"name": node.name, "dtype": dtype, "shape": list(shape)})
+    return graph_def, ir, inputs, "init", None
+
+
+def open_session(tf: Any, graph: Any, devices: int) -> Any:
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": devices}, allow_soft_placement=False)
+    # op fusion has no float64 kernels to fuse into; both graphs run unfused
+    config.graph_options.rewrite_options.remapping = _REMAPPING_OFF
+    # both graphs run as written: grappler's rewrites are not what is checked, and on
+    # graphs of tens of thousands of nodes they take longer than the step
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return tf.compat.v1.Session(graph=graph, config=config)
+
+
+def reader(tf: Any, graph: Any, name: str) -> Any:
+    """A tensor holding the value of variable node ``name``, read on its device."""
+    op = graph.get_operation_by_name(name)
+    with graph.as_default(), tf.device(op.device):
+        if op.type == "VarHandleOp":
+            return tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
+        return tf.identity(op.outputs[0])
+
+
+def assigner(tf: Any, graph: Any, name: str) -> tuple[Any, Any]:
+    """A placeholder and the op that assigns its value to variable node ``name``."""
+    op = graph.get_operation_by_name(name)
+    dtype = op.get_attr("dtype")
+    with graph.as_default(), tf.device(op.device):
+        value = tf.compat.v1.placeholder(dtype.base_dtype, name=f"{name}/verify_value")
+        if op.type == "VarHandleOp":
+            return value, tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=value)
+        return value, tf.raw_ops.Assign(ref=op.outputs[0], value=value).op
+
+
+def _variables(ir: GraphIR) -> list[str]:
+    return [ir.op_names[op] for op in range(ir.num_ops) if ir.op_types[op] in VARIABLE_OPS]
+
+
+def load_original(
+    graph_spec: str, batch_size: int, image_size: int | None, seed: int, double: bool
+) -> Original:
+    graph_def, ir, inputs, init, train = _load(graph_spec, batch_size, image_size)
+    if ir.loss_op < 0:
+        raise InvalidInput(f"{graph_spec} has no loss to compare")
+    feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
+    if double:
+        feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
+    if train is None:  # every sink of the step, as the compiled train_op
+        used = {_name(i) for node in graph_def.node for i in node.input}
+        train = [n for n in ir.op_names if n not in used]
+    return Original(graph_spec, graph_def, ir, feed, init, train)
+
+
+def run_reference(
+    tf: Any,
+    original: Original,
+    splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
+    double: bool,
+) -> Reference:
+    """One step of the original graph, with per-replica batch statistics for ``splits``.
+
+    The first run initializes the variables with the graph's initializer and keeps their
+    values; later runs assign those values.
+    """
+    graph_def, running = original.graph_def, {}
+    if splits:
+        graph_def, running = per_replica_statistics(graph_def, original.ir, dict(splits))
+    names = _variables(original.ir)
+    with tf.Graph().as_default() as graph:
+        runnable = to_float64(graph_def) if double else graph_def
+        tf.compat.v1.import_graph_def(
+            tf.compat.v1.GraphDef.FromString(runnable.SerializeToString()), name=""
+        )
+        reads = {name: reader(tf, graph, name) for name in names}
+        if isinstance(original.train, str):
+            train = original.train
+        else:
+            train = tf.group(*[graph.get_operation_by_name(n) for n in original.train])
+        assigns = {} if original.initial is None else {n: assigner(tf, graph, n) for n in names}
+        with open_session(tf, graph, 1) as session:
+            if original.initial is None:
+                session.run(original.init)
+                original.initial = session.run(reads)
+            initial = original.initial
+            for batch in batches(list(assigns), lambda n: initial[n].nbytes):
+                run = [assigns[n][1] for n in batch]
+                session.run(run, {assigns[n][0]: initial[n] for n in batch})
+            fed = {f"{name}:0": value for name, value in original.feed.items()}
+            loss_node = f"{original.ir.op_names[original.ir.loss_op]}:0"
+            values = {name: list(s.values) for name, s in running.items()}
+            gradients = _gradients(original.ir)
+            loss, _, assigned, gradient = session.run([loss_node, train, values, gradients], fed)
+            updated = session.run(reads)
+    noise = _noise(gradient)
+    moved = [np.abs(updated[n] - initial[n])[mask] for n, mask in noise.items()]
+    floor = _NOISE_FACTOR * max((float(m.max()) for m in moved if m.size), default=0.0)
+    return Reference(
+        original.label,
+        original.graph_def,
+        original.ir,
+        original.feed,
+        initial,
+        float(loss),
+        updated,
+        splits,
+        {
+            name: (s, [s.expected(initial[name], v) for v in assigned[name]])
+            for name, s in running.items()
+        },
+        noise,
+        floor,
+    )
+
+
+def _gradients(ir: GraphIR) -> dict[str, str]:
+    """Parameter variable -> its gradient tensor."""
+    params = ir.parameters
+    found = {}
+    for row in range(len(params)):
+        tensor = int(params.gradient_tensor[row])
+        producer = ir.op_names[int(ir.tensor_producer[tensor])]
+        found[ir.op_names[int(params.variable_op[row])]] = f"{producer}:{ir.tensor_slot[tensor]}"
+    return found
+
+
+def _noise(gradients: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Parameter -> mask of the elements whose gradient is zero up to rounding: at most
+    :data:`_NOISE_GRADIENT` times the largest gradient element of the step."""
+    scale = max((float(np.abs(g).max()) for g in gradients.values() if g.size), default=0.0)
+    masks = {name: np.abs(g) <= _NOISE_GRADIENT * scale for name, g in gradients.items()}
+    return {name: mask for name, mask in masks.items() if mask.any()}
+
+
+def batches(items: list[Any], nbytes: Any, limit: int = _BATCH_BYTES) -> list[list[Any]]:
+    """``items`` in consecutive runs of at most ``limit`` bytes (at least one item each)."""
+    runs: list[list[Any]] = [[]]
+    total = 0
+    for item in items:
+        size = int(nbytes(item))
+        if runs[-1] and total + size > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += size
+    return [run for run in runs if run]
