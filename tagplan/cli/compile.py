@@ -86,6 +86,6 @@ def verify_command(
     if as_json:
         print_json(report.to_dict())
     else:
-        console.print(report.summary(), highlight=False)
+        console.print(report.summary(), highlight=False, markup=False)
     if not report.passed:
         raise typer.Exit(1)

@@ -27,10 +27,16 @@ and the gradient op ``G`` reading ``F``'s reserve spaces becomes
   0's unused reserve outputs.
 
 The slicing follows the forward op, for the gradient too: the gradient of a locally
-normalized slice is the gradient op on that slice with that slice's statistics. Every
-other node, variable and update of the reference is untouched; in particular the
-moving mean and variance are updated from the replicas' share-weighted statistics, as
-the compiled graph updates every mirror of them.
+normalized slice is the gradient op on that slice with that slice's statistics (a
+compiled graph that splits the gradient otherwise computes something else, and fails).
+Every other node of the reference is untouched; its moving mean and variance are
+updated from the replicas' share-weighted statistics, what a copy of them on a GPU
+without a replica gets in the compiled graph. A copy on a GPU with a replica is updated
+from that replica's statistics (:func:`running_copies`), so the reference also holds,
+per replica ``k``, a copy (``<node>/per_replica_k``) of the part of each such update
+that reads the statistics (``sub_1`` and ``mul`` of ``AssignMovingAvg``), fed
+``F/replica_k``'s; the value it would assign gives that copy's expected value
+(:class:`RunningStatistic`). Nothing reads these copies: they change no variable.
 
 **Double precision** (:func:`lower_batch_norms`). TensorFlow's fused batch-norm kernels
 exist for ``float32`` (and half types) only. A ``FusedBatchNorm``/``V2``/``V3`` or
