@@ -8,6 +8,7 @@ everything it imports load neither TensorFlow nor torch.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         resumed = requeue_unfinished(settings, celery_app)
         if resumed:
             log.info("resumed %d unfinished jobs", resumed)
+    # Everything loaded so far lives as long as the process: keep the garbage collector
+    # from walking it on every full collection (a pause of 100+ ms on the hot path).
+    gc.collect()
+    gc.freeze()
     try:
         yield
     finally:

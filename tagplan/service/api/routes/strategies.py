@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from tagplan.db.models import ClusterRow, Job, Result
 from tagplan.db.session import session_scope
@@ -108,23 +107,14 @@ async def list_strategies(
     """
     settings: Settings = request.app.state.settings
     memo: TtlCache = request.app.state.strategy_cache
-    key = (graph, cluster, batch_size, limit)
-    data = memo.get(key)
-    if data is None:
 
-        def lookup() -> list[StrategyPublic]:  # one trip to the thread pool
-            with session_scope(settings.sqlalchemy_url) as session:
-                return _strategies(
-                    session,
-                    settings,
-                    graph=graph,
-                    cluster=cluster,
-                    batch_size=batch_size,
-                    limit=limit,
-                )
+    def lookup() -> list[StrategyPublic]:
+        with session_scope(settings.sqlalchemy_url) as session:
+            return _strategies(
+                session, settings, graph=graph, cluster=cluster, batch_size=batch_size, limit=limit
+            )
 
-        data = await run_in_threadpool(lookup)
-        memo.put(key, data)
+    data = await memo.get((graph, cluster, batch_size, limit), lookup)
     if data:
         request.app.state.metrics.cache_hits.labels("strategy").inc()
     return StrategiesPublic(data=data, count=len(data))
