@@ -16,7 +16,7 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus
+from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import JobCreate, JobLinks, JobPublic, Progress
@@ -101,6 +101,15 @@ def _cluster(session: Session, settings: Settings, value: str | dict[str, Any]) 
     return store_cluster(session, cluster_from_input(settings, value))
 
 
+def _check_profiles(session: Session, ids: list[str]) -> None:
+    kinds = dict(session.execute(select(Profile.id, Profile.kind).where(Profile.id.in_(ids))).all())
+    missing = [i for i in ids if i not in kinds]
+    if missing:
+        raise Problem(404, f"profiles {missing} do not exist; upload them with POST /v1/profiles")
+    if sum(kind == "comm" for kind in kinds.values()) > 1:
+        raise Problem(422, "options.profiles may name at most one communication profile")
+
+
 def _check_options(settings: Settings, options: dict[str, Any]) -> None:
     if options["budget_s"] > settings.max_budget_s:
         raise Problem(
@@ -125,6 +134,7 @@ def submit(
     cluster = _cluster(session, settings, body.cluster)
     options = body.options.model_dump()
     _check_options(settings, options)
+    _check_profiles(session, options["profiles"])
     identity = [graph.fingerprint, batch_inputs, loss, cluster.id, body.batch_size, options]
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     live = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)

@@ -62,6 +62,10 @@ class PlanOptionsIn(BaseModel):
     sfb: bool = Field(default=True, description="sufficient-factor broadcast on/off")
     shards: int = Field(default=1, ge=1, description="root-parallel search trees (workers)")
     max_groups: int = Field(default=60, ge=1)
+    profiles: list[str] = Field(
+        default_factory=list,
+        description="ids of stored profiles the cost model uses (op profiles, at most one comm)",
+    )
 
 
 class JobCreate(BaseModel):

@@ -12,9 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
+
 from tagplan.db import jobs
 from tagplan.db.blobs import get_blob, put_blob
-from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Result
+from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile, Result
 from tagplan.db.session import session_scope
 from tagplan.planner.errors import InvalidInput
 from tagplan.settings import Settings
@@ -27,12 +29,14 @@ PLAN_OPTION_FIELDS = ("budget_s", "iterations", "seed", "sfb", "max_groups", "sh
 
 @dataclass(frozen=True, eq=False)
 class JobInputs:
-    """A job's graph (parsed and analyzed), cluster and planner options."""
+    """A job's graph (parsed and analyzed), cluster, planner options and cost models."""
 
     graph_def: Any
     ir: Any
     cluster: Any
     options: Any
+    profiles: Any = None
+    comm: Any = None
 
 
 def shard_step(shard: int) -> str:
@@ -56,13 +60,36 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         data = get_blob(session, graph.blob_digest)
         batch_inputs, loss, batch_size = job.batch_inputs, job.loss, job.batch_size
         options = {k: v for k, v in job.options.items() if k in PLAN_OPTION_FIELDS}
+        documents = _profile_documents(session, job.options.get("profiles", []))
     graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
     ir = analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss)
     if ir.num_ops > settings.max_ops:
         raise InvalidInput(
             f"the graph has {ir.num_ops} ops after simplification; the limit is {settings.max_ops}"
         )
-    return JobInputs(graph_def, ir, load_cluster(spec), PlanOptions(**options))
+    cluster = load_cluster(spec)
+    profiles, comm = _cost_models(cluster, documents)
+    return JobInputs(graph_def, ir, cluster, PlanOptions(**options), profiles, comm)
+
+
+def _profile_documents(session: Any, ids: list[str]) -> list[tuple[str, bytes]]:
+    """(kind, JSON bytes) of the stored profiles ``ids``."""
+    rows = session.scalars(select(Profile).where(Profile.id.in_(ids))).all() if ids else []
+    return [(row.kind, get_blob(session, row.blob_digest)) for row in rows]
+
+
+def _cost_models(cluster: Any, documents: list[tuple[str, bytes]]) -> tuple[Any, Any]:
+    """The op-time source and communication model of the job's profiles (None: analytic)."""
+    from tagplan.planner.cost.comm import CommModel
+    from tagplan.planner.cost.comm_profiler import loads_comm_profile
+    from tagplan.planner.cost.profile import InMemoryProfileSource, load_profile
+
+    ops = [load_profile(data) for kind, data in documents if kind == "op"]
+    comm = [loads_comm_profile(data.decode()) for kind, data in documents if kind == "comm"]
+    return (
+        InMemoryProfileSource(ops) if ops else None,
+        CommModel(cluster, comm[0]) if comm else None,
+    )
 
 
 def analyze_step(settings: Settings, job_id: str) -> None:
@@ -92,6 +119,8 @@ def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
         inputs.ir,
         inputs.cluster,
         options=inputs.options,
+        profiles=inputs.profiles,
+        comm=inputs.comm,
         progress=monitor.progress,
         cancel=monitor.cancelled,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import assert_problem, make_key
+from tests.service.conftest import assert_problem, make_key, wait_for
 
 PROFILE = Path(__file__).resolve().parents[2] / "bench" / "profiles" / "cpu_vgg19.json"
 
@@ -56,3 +56,30 @@ def test_bad_profile_is_422_naming_the_field(service: TestClient) -> None:
     assert_problem(response, 422, "batch")
     response = service.post("/v1/profiles", json={"format": "x"}, headers=make_key("operate"))
     assert_problem(response, 422, "tagplan.profile", "tagplan.comm-profile")
+
+
+CPU_PAIR = {
+    "machines": [{"name": "c0", "gpus": {"type": "CPU", "count": 2}, "intra_bandwidth_gbps": 96}]
+}
+
+
+def test_a_job_plans_with_an_uploaded_profile(service: TestClient) -> None:
+    operator = make_key("operate", "submit")
+    document = json.loads(PROFILE.read_text())
+    profile_id = service.post("/v1/profiles", json=document, headers=operator).json()["id"]
+    body = {"graph": {"zoo": "vgg19"}, "cluster": CPU_PAIR, "options": {"budget_s": 2}}
+    measured = {**body, "options": {"budget_s": 2, "profiles": [profile_id]}}
+    results = {}
+    for name, request in (("analytic", body), ("profiled", measured)):
+        job = service.post("/v1/jobs", json=request, headers=operator).json()
+        assert wait_for(service, operator, job["id"])["status"] == "succeeded"
+        results[name] = service.get(f"/v1/jobs/{job['id']}/result", headers=operator).json()
+    assert results["analytic"]["estimated"]["compute_measured_fraction"] == 0
+    assert results["profiled"]["estimated"]["compute_measured_fraction"] > 0.5
+    assert results["profiled"]["step_time_s"] != results["analytic"]["step_time_s"]
+
+
+def test_unknown_profile_is_404(service: TestClient) -> None:
+    body = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"profiles": ["nope"]}}
+    response = service.post("/v1/jobs", json=body, headers=make_key("submit"))
+    assert_problem(response, 404, "nope")
