@@ -3,6 +3,7 @@ deduplication, listing, cancellation, metrics; VGG19 and a verified mlp."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -96,6 +97,29 @@ def test_cancel_a_running_job(service: TestClient, admin: dict) -> None:
     next_id = service.post("/v1/jobs", json=follow, headers=admin).json()["id"]
     assert wait_for(service, admin, next_id, timeout_s=60)["status"] == "succeeded"
     assert service.get(f"/v1/jobs/{job_id}", headers=admin).json()["status"] == "cancelled"
+
+
+SHAPE = (
+    'attr { key: "_output_shapes" value { list { shape { dim { size: 4 } dim { size: 3 } } } } }'
+)
+NO_PARAMETERS = f"""
+node {{ name: "x" op: "Placeholder" attr {{ key: "dtype" value {{ type: DT_FLOAT }} }} {SHAPE} }}
+node {{ name: "loss" op: "Relu" input: "x" attr {{ key: "T" value {{ type: DT_FLOAT }} }} {SHAPE} }}
+""".encode()
+
+
+def test_a_graph_the_worker_refuses_fails_its_job_and_the_worker_goes_on(
+    service: TestClient, admin: dict
+) -> None:
+    body = {"graph": {"base64": base64.b64encode(NO_PARAMETERS).decode()}, "cluster": "testbed"}
+    job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
+    failed = wait_for(service, admin, job_id, timeout_s=60)
+    assert failed["status"] == "failed" and failed["phase"] == "analyze"
+    assert "no trainable parameters" in failed["error"]
+    assert_problem(service.get(f"/v1/jobs/{job_id}/result", headers=admin), 409, "failed")
+    follow = {**MLP, "options": {"budget_s": 1, "seed": 8}}
+    next_id = service.post("/v1/jobs", json=follow, headers=admin).json()["id"]
+    assert wait_for(service, admin, next_id, timeout_s=60)["status"] == "succeeded"
 
 
 def test_unknown_job_is_404(service: TestClient, admin: dict) -> None:
