@@ -54,9 +54,11 @@ clearest gap: our zoo VGG19 is the ImageNet one, whose 411 MB fc6 gradient comes
 4 x 25088 and 4 x 4096 factors at batch 4, while TAG's +0.3% and 119.5 ms DP-NCCL step
 fit a VGG19 without large dense layers. TAG's BERT-Large DP-NCCL step (0.458 s for
 1.3 GB of gradients) rules out 10 Gbps for its setup, so the 100 Gbps table is the
-comparable one; at 10 Gbps every gain is larger. At batch 4 tagplan's plans
-synchronize few gradients or none (column *SFB gradients, tagplan*), so SFB has less
-to act on than in TAG's plans (TAG: -0.2% to +85%). Our ILP stops its cut at the
+comparable one; at 10 Gbps every gain is larger. At batch 4 tagplan's plans mostly
+synchronize few gradients or none (column *SFB gradients, tagplan*); where they keep
+data parallelism (ResNet-101, Inception-V3 at 100 Gbps) the subgraphs the ILP proposes
+simulate slower and are dropped. So SFB adds less than in TAG's plans (TAG: -0.2% to
++85%). Our ILP stops its cut at the
 cheapest boundary, which is before a Reshape as often as after it, hence few
 duplicated Reshapes (TAG: 341). ILP solves take milliseconds (TAG: "within hundreds
 of milliseconds")."""
