@@ -16,7 +16,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from tagplan.db.migrate import upgrade
-from tagplan.service.api.routes import catalog, graphs, health, jobs, profiles, strategies
+from tagplan.service.api.routes import (
+    catalog,
+    checkpoints,
+    graphs,
+    health,
+    jobs,
+    profiles,
+    strategies,
+)
 from tagplan.service.auth import KeyCache, RateLimiter
 from tagplan.service.limits import BodySizeLimit
 from tagplan.service.memo import TtlCache
@@ -81,6 +89,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.strategy_cache = TtlCache(settings.strategy_cache_ttl_s)
     install_problem_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
-    for module in (jobs, graphs, strategies, profiles, catalog, health):
+    for module in (jobs, graphs, strategies, profiles, checkpoints, catalog, health):
         app.include_router(module.router)
     return app

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "CheckpointPublic",
     "ClusterPublic",
     "GraphInput",
     "GraphPublic",
@@ -177,6 +178,13 @@ class NamedClusterPublic(BaseModel):
     name: str
     description: str
     summary: dict[str, Any]
+
+
+class CheckpointPublic(BaseModel):
+    id: str
+    name: str
+    meta: dict[str, Any]
+    created_at: datetime
 
 
 class ProfilePublic(BaseModel):

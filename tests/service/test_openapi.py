@@ -14,6 +14,7 @@ ENDPOINTS = {
     "/v1/graphs": {"post"},
     "/v1/strategies": {"get"},
     "/v1/profiles": {"get", "post"},
+    "/v1/checkpoints": {"get", "post"},
     "/v1/gpu-types": {"get"},
     "/v1/clusters/named": {"get"},
     "/v1/clusters": {"post"},

@@ -11,46 +11,19 @@ from tagplan.service.deps import ReadKey, SessionDep, SubmitKey
 from tagplan.service.intake import store_graph
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import GraphPublic
+from tagplan.service.uploads import BINARY_BODY, upload_body
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
-
-_BODY = {
-    "requestBody": {
-        "description": "The graph as the binary body (GraphDef binary/text, gzip, or JSON), "
-        "or a multipart form with a `file` field.",
-        "content": {
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {"file": {"type": "string", "format": "binary"}},
-                    "required": ["file"],
-                }
-            },
-        },
-        "required": True,
-    }
-}
-
-
-async def _upload_bytes(request: Request) -> tuple[bytes, str]:
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        form = await request.form()
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise Problem(422, "the multipart form needs a 'file' field with the graph")
-        return await upload.read(), upload.filename or ""
-    return await request.body(), request.query_params.get("label", "")
 
 
 def _public(row: GraphRow) -> GraphPublic:
     return GraphPublic.model_validate(row, from_attributes=True)
 
 
-@router.post("", status_code=201, response_model=GraphPublic, openapi_extra=_BODY)
+@router.post("", status_code=201, response_model=GraphPublic, openapi_extra=BINARY_BODY)
 async def upload_graph(request: Request, _: SubmitKey) -> GraphPublic:
     """Store a graph (validated: parses, acyclic, within limits) and return its id."""
-    data, label = await _upload_bytes(request)
+    data, label = await upload_body(request)
     if not data:
         raise Problem(422, "the request body is empty; send the graph")
     settings = request.app.state.settings
