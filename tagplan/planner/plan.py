@@ -10,7 +10,8 @@
   ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
   breaks ties in the candidate generator's order, the others shuffle them;
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
-  of the chosen strategy (TAG §4.2.3), kept only when the simulator says it helps;
+  (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
+  strategy and the fastest baseline (SFB can turn the order around);
 * **compile**: the final simulation (with its trace) and, when the GraphDef is given, the
   placed distributed GraphDef and device map.
 
@@ -59,7 +60,7 @@ from tagplan.planner.search.mcts import (
     make_feasible,
 )
 from tagplan.planner.search.prior import Prior
-from tagplan.planner.search.sfb import apply_sfb
+from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.strategy import Strategy
 from tagplan.planner.topology import Cluster
 
@@ -77,8 +78,8 @@ PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
 REFERENCE = "dp-nccl"
 # share of the budget SFB's ILPs may take after the search
 _SFB_SHARE = 0.08
-# simulations after the search: SFB's before/after check and the final one
-_FINISH_EVALUATIONS = 3
+# simulations after the search: the search's plan and the best baseline, SFB's checks
+_FINISH_EVALUATIONS = 4
 
 
 @dataclass(frozen=True)
@@ -227,24 +228,31 @@ class Planner:
     def finish(
         self, outcomes: Sequence[SearchOutcome], *, graph_def: object | None = None
     ) -> PlanResult:
-        """Pick the plan, decide SFB, simulate it once more for the trace and compile it."""
-        best = best_outcome(outcomes)
+        """Decide SFB for the search's best strategy and the fastest baseline, keep the
+        faster, simulate it for the trace and compile it."""
         self._enter("sfb")
-        chosen_from, strategy = self._choose(best)
-        sfb_decisions: tuple = ()
-        if self.options.sfb:
-            self._check_cancel()
-            strategy, decisions = apply_sfb(
-                strategy,
-                self.ir,
-                self.cluster,
-                self.evaluator.costs,
-                self.evaluator.comm,
-                time_budget_s=self.options.budget_s * _SFB_SHARE,
+        contenders = self._contenders(best_outcome(outcomes))
+        finals = []
+        for rank, (name, strategy) in enumerate(contenders):
+            decisions: tuple[SfbDecision, ...] = ()
+            if self.options.sfb:
+                self._check_cancel()
+                strategy, found = apply_sfb(
+                    strategy,
+                    self.ir,
+                    self.cluster,
+                    self.evaluator.costs,
+                    self.evaluator.comm,
+                    time_budget_s=self.options.budget_s * _SFB_SHARE / len(contenders),
+                )
+                decisions = tuple(found)
+            evaluation = self.evaluator.evaluate(strategy)
+            finals.append(
+                (evaluation.result.oom, evaluation.step_time_s, rank, name, decisions, evaluation)
             )
-            sfb_decisions = tuple(decisions)
+        _, _, _, chosen_from, sfb_decisions, evaluation = min(finals, key=lambda f: f[:3])
+        strategy = evaluation.strategy
         self._enter("compile")
-        evaluation = self.evaluator.evaluate(strategy)
         if evaluation.result.oom:
             overflow = int(evaluation.result.overflow_bytes.sum())
             raise Infeasible(
@@ -289,21 +297,20 @@ class Planner:
             phase_seconds=dict(self.phase_seconds),
         )
 
-    def _choose(self, best: SearchOutcome) -> tuple[str, Strategy]:
-        """The fastest strategy that fits: the search's or a baseline's; when none fits,
-        the search's made feasible by more model parallelism."""
+    def _contenders(self, best: SearchOutcome) -> list[tuple[str, Strategy]]:
+        """The search's strategy and the fastest baseline that fits, search first; when
+        nothing fits, the search's made feasible by more model parallelism."""
         fitting = {
             name: e.step_time_s for name, e in self.baseline_evaluations.items() if not e.result.oom
         }
-        if not best.oom:
-            fitting["search"] = best.step_time_s
+        contenders = [] if best.oom else [("search", best.strategy)]
         if fitting:
-            name = min(fitting, key=lambda n: (fitting[n], n != "search"))
-            if name == "search":
-                return "search", best.strategy
-            return name, self.baseline_evaluations[name].strategy
-        _, evaluation = make_feasible(self._search(best.seed), best.actions)
-        return "search", evaluation.strategy
+            name = min(fitting, key=lambda n: (fitting[n], n))
+            contenders.append((name, self.baseline_evaluations[name].strategy))
+        if not contenders:
+            _, evaluation = make_feasible(self._search(best.seed), best.actions)
+            contenders.append(("search", evaluation.strategy))
+        return contenders
 
 
 def plan(

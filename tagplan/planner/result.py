@@ -87,6 +87,7 @@ class PlanResult:
             "sfb": [
                 {
                     "parameter": d.parameter,
+                    "applied": d.applied,
                     "duplicated_ops": len(d.duplicate_ops),
                     "saving_s": d.saving_s,
                     "solve_time_s": d.solve_time_s,
@@ -127,7 +128,12 @@ class PlanResult:
         busy = self.summary()["device_busy_fraction"]
         for name, peak in self.peak_memory_bytes.items():
             lines.append(f"| {name} | {peak / GIB:,.2f} | {100 * busy[name]:.0f}% |")
-        if self.sfb:
-            lines += ["", f"Sufficient-factor broadcast replaces {len(self.sfb)} gradient syncs."]
+        applied = sum(d.applied for d in self.sfb)
+        if applied:
+            lines += [
+                "",
+                f"Sufficient-factor broadcast replaces {applied} of "
+                f"{len(self.sfb)} gradient syncs.",
+            ]
         lines += ["", f"Estimated inputs: {self.estimated}", ""]
         return "\n".join(lines)

@@ -146,3 +146,35 @@ def test_the_returned_plan_computes_the_single_device_step(model: str) -> None:
     result = plan(ir, cluster, options=PlanOptions(iterations=20, budget_s=600))
     report = verify(f"zoo:{model}", cluster, result.strategy, batch_size=4)
     assert report.passed, report.summary()
+
+
+def test_sfb_is_decided_for_the_best_baseline_too() -> None:
+    # TAG Table 5's setting: one GTX-1080Ti in each of two machines, batch 4; VGG19's
+    # fully connected gradients go faster as sufficient factors than as AllReduce
+    from tagplan.planner.evaluate import Evaluator
+    from tagplan.planner.search.baselines import baseline_strategy
+    from tagplan.planner.search.sfb import apply_sfb
+
+    ir = zoo_ir("vgg19", 4)
+    cluster = load_cluster(
+        {
+            "machines": [
+                {
+                    "name": f"m{i}",
+                    "gpus": {"type": "GTX-1080Ti", "count": 1},
+                    "intra_bandwidth_gbps": 96,
+                }
+                for i in range(2)
+            ],
+            "network": {"bandwidth_gbps": 100},
+        }
+    )
+    evaluator = Evaluator(ir, cluster)
+    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    with_sfb, _ = apply_sfb(dp, ir, cluster, evaluator.costs)
+    dp_sfb_s = evaluator.evaluate(with_sfb).step_time_s
+    assert dp_sfb_s < evaluator.evaluate(dp).step_time_s
+    result = plan(ir, cluster, options=PlanOptions(iterations=3, budget_s=600))
+    assert result.step_time_s <= dp_sfb_s * (1 + 1e-9)
+    assert any(d.applied for d in result.sfb)
+    assert result.strategy.sfb
