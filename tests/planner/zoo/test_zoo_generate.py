@@ -7,8 +7,9 @@ import pathlib
 
 import pytest
 
+from tagplan.planner.errors import InvalidInput
 from tagplan.planner.zoo import catalog, get_model
-from tagplan.planner.zoo.generate import render_readme
+from tagplan.planner.zoo.generate import build, render_readme
 
 
 def test_readme_is_rendered_from_the_manifest() -> None:
@@ -34,3 +35,10 @@ def test_regenerating_a_tiny_model_matches_the_manifest(name: str, tmp_path: pat
     assert fresh.captured_variables == committed.captured_variables
     if tf.__version__ == committed.tensorflow_version:
         assert fresh.graph_sha256 == committed.graph_sha256
+
+
+def test_only_globally_pooled_classifiers_are_rebuilt_at_another_image_size() -> None:
+    with pytest.raises(InvalidInput, match="not rebuilt at another image size"):
+        build("vgg19", batch_size=2, image_size=64)
+    with pytest.raises(InvalidInput, match="at least 75 pixels"):
+        build("inception_v3", batch_size=2, image_size=64)
