@@ -90,8 +90,16 @@ _NUMPY = {_DT_FLOAT: np.float32, _DT_DOUBLE: np.float64, _DT_INT32: np.int32}
 # data format -> (rank, channel axis)
 _FORMATS = {"NHWC": (4, 3), "NCHW": (4, 1), "NDHWC": (5, 4), "NCDHW": (5, 1)}
 
+# assignments of resource and of reference variables (variable first, value second)
 _ASSIGNS = frozenset(
-    {"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub", "AssignAdd"}
+    {
+        "AssignSubVariableOp",
+        "AssignAddVariableOp",
+        "AssignVariableOp",
+        "AssignSub",
+        "AssignAdd",
+        "Assign",
+    }
 )
 
 Splits = Mapping[str, Sequence[tuple[int, int]]]
