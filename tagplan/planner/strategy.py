@@ -74,9 +74,14 @@ class GradientSync(StrEnum):
 
     ``overlap``: each as soon as its gradient is ready, overlapping the rest of the
     backward pass; ``after-backward``: all after the whole backward pass (in-graph data
-    parallelism as TAG's DP-NCCL baseline); ``bucketed``: fused into buckets of
-    ``bucket_bytes`` that start when their last gradient is ready (Horovod's tensor
-    fusion, overlapped with backward).
+    parallelism as TAG's DP-NCCL baseline); ``bucketed``: fused into buckets that start
+    when their last gradient is ready (Horovod's tensor fusion, overlapped with backward).
+
+    Buckets are shared across op groups: the AllReduces of every ``bucketed`` group that
+    reduce over the same GPUs with the same ``collective`` algorithm fill one bucket in
+    the order their gradients become ready, and a bucket closes once it holds at least
+    ``bucket_bytes`` — the smallest ``bucket_bytes`` of the groups in it
+    (:mod:`tagplan.planner.compile.buckets`).
     """
 
     OVERLAP = "overlap"

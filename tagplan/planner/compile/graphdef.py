@@ -24,8 +24,9 @@ auxiliary op:
 * a tensor crosses to another GPU by plain edges: TensorFlow's partitioner sends it once
   per destination device, as the task graph's transfers;
 * a group's ``after-backward`` gradient sync is a ``NoOp`` barrier that its AllReduces
-  wait on, behind every gradient; ``bucketed`` gives each bucket such a barrier behind the
-  bucket's gradients (fusing a bucket into one buffer is left to the runtime).
+  wait on, behind every gradient; ``bucketed`` AllReduces are fused into buckets across
+  op groups (:mod:`.buckets`, the task graph's rule) and each bucket gets such a barrier
+  behind the bucket's gradients (fusing a bucket into one buffer is left to the runtime).
 
 Variables mirrored on several GPUs are one ``VarHandleOp`` per GPU with distinct
 ``shared_name`` s; whoever deploys the graph gives them identical initial values. Under
@@ -59,6 +60,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.placement import Placement, place
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
@@ -127,6 +129,16 @@ class _Copy(NamedTuple):
     hi: int
     kind: int
     ref: str  # "node" or "node:slot"
+
+
+class _GradientReduction(NamedTuple):
+    """A gradient's AllReduce, kept until the gradient-sync modes are applied."""
+
+    nodes: list[str]  # one per member GPU
+    group: int  # the op group whose decision syncs it
+    nbytes: int
+    members: tuple[int, ...]
+    inputs: list[str]  # the nodes of the summed partial gradients
 
 
 def _node_of(ref: str) -> str:
@@ -217,8 +229,7 @@ class _Compiler:
         self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
         self.local_consts: dict[tuple[int, int, int, int], str] = {}
         self.gradients = set(ir.parameters.gradient_tensor.tolist())
-        # per gradient AllReduce: (member nodes, op group, bytes, member input nodes)
-        self.collectives: list[tuple[list[str], int, int, list[str]]] = []
+        self.collectives: list[_GradientReduction] = []
         self.group_keys: dict[tuple[int, ...], int] = {}
         self.instance_keys = 0
 
@@ -396,7 +407,9 @@ class _Compiler:
         if tensor in self.gradients:
             nbytes = int(self.ir.tensor_bytes[tensor])
             group = int(self.resolved.op_group[reader])
-            self.collectives.append((names, group, nbytes, [_node_of(r) for r in inputs]))
+            partials = [_node_of(r) for r in inputs]
+            key = tuple(members.tolist())
+            self.collectives.append(_GradientReduction(names, group, nbytes, key, partials))
         for member, name in zip(members.tolist(), names, strict=True):
             self._keep(tensor, _Copy(member, 0, batch, _FULL, name))
 
@@ -574,26 +587,22 @@ class _Compiler:
             self.out.nodes[node].input.append(f"^{barrier}")
 
     def _schedule_collectives(self) -> None:
-        """Each group's gradient-sync mode, as barriers in front of its AllReduces."""
+        """Each group's gradient-sync mode, as barriers in front of its AllReduces:
+        ``bucketed`` ones fused across groups by :func:`~.buckets.gradient_buckets`."""
         decisions = self.resolved.group_decisions
-        for group in sorted({c[1] for c in self.collectives}):
-            decision = decisions[group]
-            members = [c for c in self.collectives if c[1] == group]
-            if decision.gradient_sync == GradientSync.AFTER_BACKWARD:
-                every_gradient = {n for c in self.collectives for n in c[3]}
-                releases = [n for c in members for n in c[0]]
+        for group in sorted({c.group for c in self.collectives}):
+            if decisions[group].gradient_sync == GradientSync.AFTER_BACKWARD:
+                every_gradient = {n for c in self.collectives for n in c.inputs}
+                releases = [n for c in self.collectives if c.group == group for n in c.nodes]
                 self._barrier(f"gradient_sync/group_{group}", every_gradient, releases)
-            elif decision.gradient_sync == GradientSync.BUCKETED:
-                bucket: list[tuple[list[str], int, int, list[str]]] = []
-                for collective in [*members, None]:
-                    full = sum(c[2] for c in bucket) >= decision.bucket_bytes
-                    if bucket and (collective is None or full):
-                        waits = {n for c in bucket for n in c[3]}
-                        releases = [n for c in bucket for n in c[0]]
-                        self._barrier(f"gradient_sync/group_{group}_bucket", waits, releases)
-                        bucket = []
-                    if collective is not None:
-                        bucket.append(collective)
+        allreduces = [GradientAllReduce(c.group, c.members, c.nbytes) for c in self.collectives]
+        for bucket in gradient_buckets(allreduces, decisions):
+            fused = [self.collectives[i] for i in bucket.collectives]
+            waits = {n for c in fused for n in c.inputs}
+            releases = [n for c in fused for n in c.nodes]
+            groups = bucket.groups
+            name = f"group_{groups[0]}" if len(groups) == 1 else f"groups_{len(groups)}"
+            self._barrier(f"gradient_sync/{name}_bucket", waits, releases)
 
     def _fold_inputs(self) -> dict[str, list[list[Any]]]:
         """Fold the lone ``Slice`` of a replica's placeholder into the feed."""

@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.placement import Placement, place
 from tagplan.planner.compile.task_builder import TaskBuilder
 from tagplan.planner.cost.comm import CommModel
@@ -448,36 +449,32 @@ class _Compiler:
         return (whole or self.copies[tensor])[0].device
 
     def _schedule_collectives(self) -> None:
-        """Apply each group's gradient-sync mode to its AllReduces (see GradientSync)."""
+        """Apply each group's gradient-sync mode to its AllReduces (see GradientSync):
+        ``after-backward`` groups wait for every gradient; ``bucketed`` AllReduces are
+        fused across groups by :func:`~.buckets.gradient_buckets`."""
         decisions = self.resolved.group_decisions
         if all(decisions[c.group].gradient_sync == GradientSync.OVERLAP for c in self.collectives):
             return
         every_gradient = frozenset().union(*(c.inputs for c in self.collectives))
         for group in sorted({c.group for c in self.collectives}):
-            decision = decisions[group]
-            members = [c for c in self.collectives if c.group == group]
-            if decision.gradient_sync == GradientSync.AFTER_BACKWARD:
-                releases = [c.task for c in members]
+            if decisions[group].gradient_sync == GradientSync.AFTER_BACKWARD:
+                releases = [c.task for c in self.collectives if c.group == group]
                 _barrier(self.out, "after backward", group, every_gradient, releases)
-            elif decision.gradient_sync == GradientSync.BUCKETED:
-                bucket: list[_Collective] = []
-                for collective in [*members, None]:
-                    full = sum(c.nbytes for c in bucket) >= decision.bucket_bytes
-                    if bucket and (collective is None or full):
-                        self._fuse(bucket, group)
-                        bucket = []
-                    if collective is not None:
-                        bucket.append(collective)
+        allreduces = [GradientAllReduce(c.group, c.members, c.nbytes) for c in self.collectives]
+        for bucket in gradient_buckets(allreduces, decisions):
+            self._fuse(bucket, [self.collectives[i] for i in bucket.collectives])
 
-    def _fuse(self, bucket: list[_Collective], group: int) -> None:
+    def _fuse(self, bucket: Bucket, collectives: list[_Collective]) -> None:
         """Horovod tensor fusion: the bucket's AllReduces start together when its last
-        gradient is ready and share one latency: each takes its share of the fused time."""
-        total = sum(c.nbytes for c in bucket)
-        fused = self.fixed.allreduce_seconds(bucket[0].members, total, bucket[0].algorithm)
-        for c in bucket:
+        gradient is ready and share one latency: each takes its share of the time of one
+        AllReduce of the bucket's bytes."""
+        total = bucket.nbytes
+        fused = self.fixed.allreduce_seconds(bucket.members, total, collectives[0].algorithm)
+        for c in collectives:
             self.out.duration[c.task] = fused * c.nbytes / total if total else 0.0
-        waits = frozenset().union(*(c.inputs for c in bucket))
-        _barrier(self.out, f"bucket of {len(bucket)}", group, waits, [c.task for c in bucket])
+        waits = frozenset().union(*(c.inputs for c in collectives))
+        releases = [c.task for c in collectives]
+        _barrier(self.out, f"bucket of {len(collectives)}", bucket.groups[0], waits, releases)
 
     # ops ---------------------------------------------------------------------------------
     def _compute(self, op: int, instances: range) -> list[int]:
