@@ -37,6 +37,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "polling_interval": 0.1,
         },
         "broker_connection_retry_on_startup": True,
+        # A submission fails within seconds when the broker is down (the API answers 503).
+        "broker_connection_timeout": 2,
+        "task_publish_retry_policy": {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 1,
+        },
         "task_default_queue": QUEUE,
         "task_serializer": "json",
         "result_serializer": "json",

@@ -1,16 +1,19 @@
-"""The workflow of one job as a Celery canvas, built from task names.
+"""The workflow of one job: ``analyze``, then ``chord(search_shard x k) -> finish``.
 
-``analyze -> chord(search_shard x k) -> finish``. Signatures are made by name, so the API
-process enqueues without importing the tasks (and with them the planner).
+The API sends only the ``analyze`` task (by name, so it imports neither the tasks nor the
+planner) and never waits for a result. The analyze task starts the chord when the graph
+is good: building the chord where it runs keeps result-backend bookkeeping (Redis
+subscriptions for the chord's results) out of the API process, so a broker or backend
+outage cannot wedge the API and it holds no per-job state.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery, chain, chord
+from celery import Celery, chord
 
-__all__ = ["enqueue_job", "shard_seeds"]
+__all__ = ["enqueue_job", "launch_search", "shard_seeds", "time_limits"]
 
 
 def shard_seeds(seed: int, shards: int) -> list[int]:
@@ -18,19 +21,27 @@ def shard_seeds(seed: int, shards: int) -> list[int]:
     return [seed + k for k in range(shards)]
 
 
-def enqueue_job(app: Celery, job_id: str, options: dict[str, Any], *, margin_s: float) -> None:
-    """Send the job's workflow to the broker.
-
-    Each task's soft time limit is the search budget plus ``margin_s`` (the hard limit a
-    minute more): a runaway step fails its job instead of holding a worker.
-    """
+def time_limits(options: dict[str, Any], margin_s: float) -> dict[str, float]:
+    """Celery limits of every task of a job: the search budget plus ``margin_s`` (soft), a
+    minute more (hard). A runaway step fails its job instead of holding a worker."""
     soft = float(options["budget_s"]) + margin_s
-    limits = {"soft_time_limit": soft, "time_limit": soft + 60}
+    return {"soft_time_limit": soft, "time_limit": soft + 60}
+
+
+def enqueue_job(app: Celery, job_id: str, options: dict[str, Any], *, margin_s: float) -> None:
+    """Send the job's first task to the broker."""
+    app.send_task(
+        "tagplan.analyze", args=(job_id,), ignore_result=True, **time_limits(options, margin_s)
+    )
+
+
+def launch_search(app: Celery, job_id: str, options: dict[str, Any], *, margin_s: float) -> None:
+    """Start the root-parallel search shards with the finish step as their chord body."""
+    limits = time_limits(options, margin_s)
     shards = int(options.get("shards", 1))
     header = [
         app.signature("tagplan.search_shard", args=(job_id, k, s), options=limits, immutable=True)
         for k, s in enumerate(shard_seeds(int(options.get("seed", 0)), shards))
     ]
     body = app.signature("tagplan.finish", args=(job_id, shards), options=limits)
-    analyze = app.signature("tagplan.analyze", args=(job_id,), options=limits, immutable=True)
-    chain(analyze, chord(header, body)).apply_async()
+    chord(header, body).apply_async()

@@ -22,7 +22,15 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.settings import Settings
 from tagplan.workers.monitor import JobMonitor
 
-__all__ = ["JobInputs", "analyze_step", "finish_step", "load_inputs", "search_step", "shard_step"]
+__all__ = [
+    "JobInputs",
+    "analyze_step",
+    "finish_step",
+    "job_options",
+    "load_inputs",
+    "search_step",
+    "shard_step",
+]
 
 PLAN_OPTION_FIELDS = ("budget_s", "iterations", "seed", "sfb", "max_groups", "shards")
 
@@ -90,6 +98,12 @@ def _cost_models(cluster: Any, documents: list[tuple[str, bytes]]) -> tuple[Any,
         InMemoryProfileSource(ops) if ops else None,
         CommModel(cluster, comm[0]) if comm else None,
     )
+
+
+def job_options(settings: Settings, job_id: str) -> dict[str, Any]:
+    """The options the job was submitted with."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        return dict(session.get(Job, job_id).options)
 
 
 def analyze_step(settings: Settings, job_id: str) -> None:

@@ -29,6 +29,7 @@ from tagplan.planner.errors import Cancelled, PlannerError
 from tagplan.settings import get_settings
 from tagplan.workers import steps
 from tagplan.workers.app import app
+from tagplan.workers.pipeline import launch_search
 
 __all__ = ["analyze_job", "finish_job", "search_shard"]
 
@@ -37,20 +38,22 @@ RETRY_DELAY_S = 5
 MAX_RETRIES = 10
 
 
-def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None]) -> None:
-    """Run one step of a job with the error policy of the module docstring."""
+def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None]) -> bool:
+    """Run one step of a job with the error policy of the module docstring; True when the
+    step's work completed (the job goes on)."""
     settings = get_settings()
     url = settings.sqlalchemy_url
     try:
         with session_scope(url) as session:
             if jobs.is_finished(session, job_id):
-                return
+                return False
             attempts = jobs.begin_step(session, job_id=job_id, step=step, phase=phase)
         if attempts > settings.task_max_attempts:
             reason = f"step {step} was interrupted {attempts - 1} times (worker lost); giving up"
             _fail(url, job_id, reason)
-            return
+            return False
         work()
+        return True
     except Cancelled:
         log.info("job %s cancelled during %s", job_id, step)
     except PlannerError as exc:
@@ -62,6 +65,7 @@ def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None
     except Exception as exc:
         log.exception("job %s failed in %s", job_id, step)
         _fail(url, job_id, f"internal error in step {step}: {type(exc).__name__}: {exc}")
+    return False
 
 
 def _fail(url: str, job_id: str, reason: str) -> None:
@@ -71,8 +75,12 @@ def _fail(url: str, job_id: str, reason: str) -> None:
 
 @app.task(name="tagplan.analyze", bind=True)
 def analyze_job(self: Task, job_id: str) -> None:
-    """Parse and analyze the graph; a bad graph fails the job here, before any search."""
-    _run(self, job_id, "analyze", "analyze", lambda: steps.analyze_step(get_settings(), job_id))
+    """Parse and analyze the graph (a bad graph fails the job here, before any search),
+    then start the search shards."""
+    settings = get_settings()
+    if _run(self, job_id, "analyze", "analyze", lambda: steps.analyze_step(settings, job_id)):
+        options = steps.job_options(settings, job_id)
+        launch_search(app, job_id, options, margin_s=settings.time_limit_margin_s)
 
 
 @app.task(name="tagplan.search_shard", bind=True)
