@@ -20,7 +20,15 @@ from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.sim.taskgraph import COLLECTIVE
-from tagplan.planner.strategy import GroupDecision, Mode, OpGroup, Option, Strategy, resolve
+from tagplan.planner.strategy import (
+    GradientSync,
+    GroupDecision,
+    Mode,
+    OpGroup,
+    Option,
+    Strategy,
+    resolve,
+)
 from tagplan.planner.topology import Cluster, load_cluster
 
 AR, PS = Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS
@@ -35,6 +43,8 @@ STRATEGIES = (
     "partial-ps",
     "model-parallel",
     "duplicate",
+    "bucketed",
+    "bucketed-apart",
 )
 
 
@@ -95,6 +105,10 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
         return Strategy(
             name=name, groups=[OpGroup(ops=apart, decision=decision)], default=everywhere
         )
+    if name in ("bucketed", "bucketed-apart"):  # two bucketed groups: same GPUs, or not
+        fused = everywhere.model_copy(update={"gradient_sync": GradientSync.BUCKETED})
+        layer = fused.model_copy(update={"device_groups": [0]}) if name.endswith("apart") else fused
+        return Strategy(name=name, groups=[OpGroup(ops=apart, decision=layer)], default=fused)
     raise ValueError(name)
 
 
@@ -119,6 +133,21 @@ def compiled(model: str, name: str, cluster: Cluster):
 
 def nodes(distributed) -> dict[str, object]:
     return {n.name: n for n in distributed.graph_def.node}
+
+
+def bucket_barriers(distributed) -> dict[str, int]:
+    """Each bucket barrier, in graph order, and how many AllReduces wait on it."""
+    by_name = nodes(distributed)
+    released = Counter(
+        waits[1:]
+        for kind, names in distributed.auxiliary
+        if kind == "allreduce"
+        for waits in by_name[names[0]].input
+        if waits.startswith("^gradient_sync/") and waits.endswith("_bucket")
+    )
+    barriers = [n.name for n in distributed.graph_def.node if n.name.endswith("_bucket")]
+    assert set(barriers) == set(released)
+    return {name: released[name] for name in barriers}
 
 
 def batch_rows(node) -> int:
@@ -149,6 +178,9 @@ def test_instances_and_auxiliary_ops_agree_with_the_task_graph(model, name, clus
     expected = {k: kinds[k] for k in ("split", "concat", "addn")}
     expected["allreduce"] = int((graph.task_kind == COLLECTIVE).sum())
     assert distributed.auxiliary_counts() == expected
+    # the same gradient buckets, in the same order (one shared rule)
+    fused = [int(n.rsplit(" ", 1)[1]) for n in graph.task_names if n.startswith("bucket of ")]
+    assert list(bucket_barriers(distributed).values()) == fused
     ops = {"split": {"Slice", "Placeholder"}, "concat": {"ConcatV2"}, "addn": {"AddN"}}
     ops["allreduce"] = {"NcclAllReduce", "CollectiveReduceV2"}
     for kind, names in distributed.auxiliary:
@@ -236,6 +268,68 @@ def test_after_backward_sync_is_a_barrier_behind_every_gradient(cluster) -> None
     for kind, names in distributed.auxiliary:
         if kind == "allreduce":
             assert all(f"^{barriers[0].name}" in by_name[n].input for n in names)
+
+
+def gradient_ops(ir: GraphIR) -> set[str]:
+    return {ir.op_names[int(ir.tensor_producer[t])] for t in ir.parameters.gradient_tensor}
+
+
+def test_bucketed_groups_on_the_same_gpus_share_one_barrier(cluster) -> None:
+    ir, resolved, distributed = compiled("mlp", "bucketed", cluster)
+    assert resolved.num_groups == 2
+    by_name = nodes(distributed)
+    (barrier,) = bucket_barriers(distributed)
+    assert barrier == "gradient_sync/groups_2_bucket"
+    waits = {i.lstrip("^").rsplit("/replica_", 1)[0] for i in by_name[barrier].input}
+    assert waits == gradient_ops(ir)  # both groups' gradients
+    collectives = [names for kind, names in distributed.auxiliary if kind == "allreduce"]
+    assert len(collectives) == len(ir.parameters)
+    assert all(f"^{barrier}" in by_name[n].input for names in collectives for n in names)
+
+
+def test_bucketed_groups_on_different_gpus_get_a_bucket_each(cluster) -> None:
+    ir, _, distributed = compiled("mlp", "bucketed-apart", cluster)
+    by_name = nodes(distributed)
+    barriers = bucket_barriers(distributed)
+    assert barriers == {"gradient_sync/group_0_bucket": 2, "gradient_sync/group_1_bucket": 4}
+    layer = {n for n in gradient_ops(ir) if n.startswith("gradients/dense_2/")}
+    for barrier, expected in (("group_0", layer), ("group_1", gradient_ops(ir) - layer)):
+        node = by_name[f"gradient_sync/{barrier}_bucket"]
+        assert {i.lstrip("^").rsplit("/replica_", 1)[0] for i in node.input} == expected
+
+
+def test_the_byte_cap_splits_buckets_in_both_back_ends(cluster) -> None:
+    """Buckets closed at 100 kB, filled in backward order across the two groups: dense_2's
+    gradients (bias, kernel) with dense_1's (bias, then its 128 KiB kernel closes the
+    bucket), then dense_0's."""
+    graph_def, ir = committed("mlp")
+    fused = strategy("bucketed", ir, cluster, LAYERS["mlp"])
+    capped = fused.model_copy(
+        update={
+            "groups": [
+                g.model_copy(
+                    update={"decision": g.decision.model_copy(update={"bucket_bytes": 10**5})}
+                )
+                for g in fused.groups
+            ],
+            "default": fused.default.model_copy(update={"bucket_bytes": 10**5}),
+        }
+    )
+    resolved = resolve(capped, ir, cluster)
+    distributed = compile_graphdef(graph_def, ir, cluster, resolved)
+    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    graph = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
+    tasks = [int(n.rsplit(" ", 1)[1]) for n in graph.task_names if n.startswith("bucket of ")]
+    barriers = bucket_barriers(distributed)
+    assert list(barriers.values()) == tasks == [4, 2]
+    by_name = nodes(distributed)
+    first = by_name[next(iter(barriers))]
+    assert {i.lstrip("^").rsplit("/replica_", 1)[0] for i in first.input} == {
+        "gradients/dense_2/MatMul_grad/MatMul_1",
+        "gradients/dense_2/BiasAdd_grad/BiasAddGrad",
+        "gradients/dense_1/MatMul_grad/MatMul_1",
+        "gradients/dense_1/BiasAdd_grad/BiasAddGrad",
+    }
 
 
 def test_each_replica_placeholder_takes_its_own_rows(cluster) -> None:

@@ -11,9 +11,28 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.sim.simulate import simulate
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER
-from tagplan.planner.strategy import GroupDecision, Mode, Option, Strategy, resolve
+from tagplan.planner.strategy import (
+    Collective,
+    GradientSync,
+    GroupDecision,
+    Mode,
+    OpGroup,
+    Option,
+    Strategy,
+    resolve,
+)
 from tagplan.planner.topology import load_cluster
-from tests.planner.graph.builders import dense_graph, graph_def
+from tests.planner.graph.builders import (
+    const,
+    dense_graph,
+    document,
+    graph_def,
+    op,
+    placeholder,
+    scalar,
+    sgd,
+    variable,
+)
 
 BATCH, FEATURES, UNITS = 8, 4, 3
 
@@ -188,3 +207,111 @@ def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cl
         for name in ("task_kind", "task_duration_s", "succ_ptr", "succ_index", "consumer_task"):
             assert np.array_equal(getattr(mine, name), getattr(fresh, name))
         assert mine.task_names == fresh.task_names
+
+
+def two_heads_graph() -> dict:
+    """loss = sum(x @ w) + sum(x @ v), SGD on both: two gradients, ``dw`` of
+    ``FEATURES * UNITS`` floats and ``dv`` of ``FEATURES * 2 * UNITS``."""
+    head = {"w": UNITS, "v": 2 * UNITS}
+    nodes = [placeholder("x", [BATCH, FEATURES]), const("axes", [0, 1]), scalar("lr", 0.1)]
+    for name, units in head.items():
+        nodes += [
+            *variable(name, [FEATURES, units]),
+            op(f"{name}_out", "MatMul", ["x", f"{name}/read"], [BATCH, units]),
+            op(f"{name}_sum", "Sum", [f"{name}_out", "axes"], [], Tidx={"type": "int32"}),
+            op(f"d{name}_out", "OnesLike", [f"{name}_out"], [BATCH, units]),
+            op(f"d{name}", "MatMul", ["x", f"d{name}_out"], [FEATURES, units], transpose_a=True),
+            sgd(f"update_{name}", name, f"d{name}"),
+        ]
+    nodes.append(op("loss", "AddV2", ["w_sum", "v_sum"], []))
+    return document(nodes)
+
+
+class TestBucketsAcrossGroups:
+    """Two op groups, one per head, each with bucketed gradient sync."""
+
+    W_BYTES, V_BYTES = FEATURES * UNITS * 4, FEATURES * 2 * UNITS * 4
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def ir(cls):
+        return analyze(graph_def(two_heads_graph()))
+
+    def compile(self, ir, cluster, *, w_groups=(0,), bucket_bytes=64 * 2**20):
+        def bucketed(device_groups) -> GroupDecision:
+            return GroupDecision(
+                device_groups=list(device_groups),
+                option=Option.REPLICATE_ALLREDUCE,
+                collective=Collective.RING,
+                gradient_sync=GradientSync.BUCKETED,
+                bucket_bytes=bucket_bytes,
+            )
+
+        w_ops = [n for n in ir.op_names if n.startswith(("w", "dw", "update_w"))]
+        strategy = Strategy(
+            groups=[OpGroup(ops=w_ops, decision=bucketed(w_groups))], default=bucketed([0])
+        )
+        resolved = resolve(strategy, ir, cluster)
+        assert len(set(resolved.op_group.tolist())) == 2
+        costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+        graph = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
+        graph.validate()
+        # the gradients' AllReduces (the loss halves are summed by AllReduces too)
+        collectives = np.array(
+            [
+                i
+                for i in np.flatnonzero(graph.task_kind == COLLECTIVE)
+                if graph.task_names[i].startswith(("allreduce dw:", "allreduce dv:"))
+            ]
+        )
+        buckets = [i for i, n in enumerate(graph.task_names) if n.startswith("bucket of")]
+        return graph, collectives, buckets
+
+    def test_two_groups_over_the_same_gpus_share_one_fused_allreduce(self, ir, cluster) -> None:
+        graph, collectives, buckets = self.compile(ir, cluster)
+        assert len(collectives) == 2 and sorted(graph.task_bytes[collectives]) == [
+            self.W_BYTES,
+            self.V_BYTES,
+        ]
+        assert [graph.task_names[b] for b in buckets] == ["bucket of 2"]
+        # one ring AllReduce of the summed bytes over a's two GPUs, shared by bytes:
+        # 2(k-1)/k * S/B + 2(k-1) * alpha with k = 2
+        total = self.W_BYTES + self.V_BYTES
+        bandwidth, latency = 100e9 / 8, cluster.latency_s[0, 1]
+        fused = 2 * (1 / 2) * total / bandwidth + 2 * latency
+        assert fused == pytest.approx(float(CommModel(cluster).allreduce_time_s([0, 1], total)))
+        durations = graph.task_duration_s[collectives]
+        assert durations.sum() == pytest.approx(fused)
+        assert durations == pytest.approx(fused * graph.task_bytes[collectives] / total)
+        # both wait for the one barrier, which waits for both gradients; on the same links
+        # they run back to back: the bucket takes the fused time from its last gradient
+        barrier = buckets[0]
+        successors = graph.succ_index[graph.succ_ptr[barrier] : graph.succ_ptr[barrier + 1]]
+        assert sorted(successors.tolist()) == sorted(collectives.tolist())
+        gradients = [
+            graph.task_names.index(f"{g}/replica_{k}") for g in ("dw", "dv") for k in (0, 1)
+        ]
+        result = simulate(graph)
+        starts, finishes = result.start_s[collectives], result.finish_s[collectives]
+        assert starts.min() == result.finish_s[barrier] == result.finish_s[gradients].max()
+        assert finishes.max() - starts.min() == pytest.approx(fused)
+
+    def test_groups_over_different_gpus_do_not_share_a_bucket(self, ir, cluster) -> None:
+        graph, collectives, buckets = self.compile(ir, cluster, w_groups=(1,))
+        assert [graph.task_names[b] for b in buckets] == ["bucket of 1", "bucket of 1"]
+        comm, members = CommModel(cluster), set()
+        for task in collectives.tolist():  # each AllReduce takes its own unfused time
+            links = graph.link_index[graph.link_ptr[task] : graph.link_ptr[task + 1]]
+            gpus = tuple(int(x) for x in links if x < cluster.num_devices)
+            alone = comm.allreduce_time_s(gpus, int(graph.task_bytes[task]), algorithm="ring")
+            assert graph.task_duration_s[task] == pytest.approx(float(alone))
+            members.add(gpus)
+        assert members == {(0, 1), (2, 3)}
+
+    def test_the_byte_cap_splits_buckets(self, ir, cluster) -> None:
+        graph, collectives, buckets = self.compile(ir, cluster, bucket_bytes=self.W_BYTES)
+        assert [graph.task_names[b] for b in buckets] == ["bucket of 1", "bucket of 1"]
+        comm = CommModel(cluster)
+        for task in collectives.tolist():
+            alone = comm.allreduce_time_s([0, 1], int(graph.task_bytes[task]), algorithm="ring")
+            assert graph.task_duration_s[task] == pytest.approx(float(alone))
