@@ -266,6 +266,64 @@ def _colocate(ir: GraphIR, ops: np.ndarray, placed: np.ndarray) -> np.ndarray:
     return placed
 
 
+def _op_or_none(ir: GraphIR, name: str) -> int | None:
+    """IR index of an original node name, ``None`` when the graph has no such op."""
+    try:
+        return ir.op_index(name)
+    except KeyError:
+        return None
+
+
+def _place_explicitly(
+    ir: GraphIR,
+    placement: dict[str, str],
+    ops: np.ndarray,
+    devices: np.ndarray,
+    names: dict[str, int],
+    op_device: np.ndarray,
+    where: str,
+) -> None:
+    """Apply a model-parallel group's explicit ``placement`` (op name -> device name) to
+    ``op_device``; ``ops`` are the group's ops in index order.
+
+    TensorFlow colocates a variable with its reads and updates, so each named op moves
+    with the group's ops of its colocation class, and a placement that puts two of them
+    on different GPUs is refused. The classes are gathered once and each is checked once
+    per device it is sent to: linear in the group's ops and the placement's entries.
+    """
+    allowed = set(devices.tolist())
+    classes: dict[int, list[int]] = {}  # colocation class -> the group's ops in it
+    for op, colocation in zip(ops.tolist(), ir.colocation[ops].tolist(), strict=True):
+        classes.setdefault(colocation, []).append(op)
+    in_group = set(ops.tolist())
+    placed: set[tuple[int, str]] = set()  # (class, device name) already moved
+    for name, device_name in placement.items():
+        device = names.get(device_name)
+        if device is None or device not in allowed:
+            raise InvalidInput(
+                f"{where}: placement puts {name!r} on {device_name!r}, not one of the group's GPUs"
+            )
+        op = _op_or_none(ir, name)
+        if op is None or op not in in_group:
+            raise InvalidInput(f"{where}: placement names op {name!r}, not in the group")
+        colocation = int(ir.colocation[op])
+        if (colocation, device_name) in placed:
+            continue
+        colocated = classes[colocation]
+        clash = [
+            ir.op_names[i]
+            for i in colocated
+            if placement.get(ir.op_names[i], device_name) != device_name
+        ]
+        if clash:
+            raise InvalidInput(
+                f"{where}: placement splits ops TensorFlow must colocate "
+                f"({name!r} and {clash[0]!r})"
+            )
+        op_device[colocated] = device
+        placed.add((colocation, device_name))
+
+
 def resolve(
     strategy: Strategy,
     ir: GraphIR,
@@ -324,31 +382,8 @@ def resolve(
         if decision.option == Option.MODEL_PARALLEL:
             ops = np.flatnonzero(op_group == group).astype(np.int32)
             op_device[ops] = _model_parallel_placement(ir, ops, devices, work)
-            for name, device_name in (decision.placement or {}).items():
-                device = names.get(device_name)
-                if device is None or device not in set(devices.tolist()):
-                    raise InvalidInput(
-                        f"{where}: placement puts {name!r} on {device_name!r}, "
-                        "not one of the group's GPUs"
-                    )
-                op = ir.op_index(name) if name in ir.aliases or name in ir.op_names else -1
-                if op < 0 or op_group[op] != group:
-                    raise InvalidInput(f"{where}: placement names op {name!r}, not in the group")
-                # TensorFlow colocates a variable with its reads and updates: they move along
-                colocated = np.flatnonzero(
-                    (ir.colocation == ir.colocation[op]) & (op_group == group)
-                )
-                clash = [
-                    ir.op_names[i]
-                    for i in colocated
-                    if decision.placement.get(ir.op_names[i], device_name) != device_name
-                ]
-                if clash:
-                    raise InvalidInput(
-                        f"{where}: placement splits ops TensorFlow must colocate "
-                        f"({name!r} and {clash[0]!r})"
-                    )
-                op_device[colocated] = device
+            if decision.placement:
+                _place_explicitly(ir, decision.placement, ops, devices, names, op_device, where)
     sfb: list[int] = []
     sfb_op = np.zeros(ir.num_ops, dtype=bool)
     parameter_rows = {name: row for row, name in enumerate(ir.parameters.names)}
@@ -357,9 +392,10 @@ def resolve(
             raise InvalidInput(f"sfb names {name!r}, which is not a trainable parameter")
         sfb.append(parameter_rows[name])
         for op_name in ops:
-            if op_name not in ir.aliases and op_name not in ir.op_names:
+            op = _op_or_none(ir, op_name)
+            if op is None:
                 raise InvalidInput(f"sfb for {name!r} names op {op_name!r}, not in the graph")
-            sfb_op[ir.op_index(op_name)] = True
+            sfb_op[op] = True
     return ResolvedStrategy(
         strategy=strategy,
         group_decisions=tuple(decisions),
