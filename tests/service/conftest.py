@@ -19,6 +19,8 @@ from tagplan.settings import get_settings
 
 LIMITS = {
     "TAGPLAN_MAX_REQUEST_BYTES": str(1 << 20),
+    "TAGPLAN_MAX_GRAPH_BYTES": str(2 << 20),
+    "TAGPLAN_MAX_OPS": "3000",
     "TAGPLAN_MAX_GPUS": "64",
 }
 

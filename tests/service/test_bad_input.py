@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 
 import pytest
 from fastapi.testclient import TestClient
@@ -67,6 +68,18 @@ def test_oversize_body_is_413(service: TestClient, admin: dict) -> None:
     body = b"\0" * (2 << 20)
     response = service.post("/v1/graphs", content=body, headers=admin)
     assert_problem(response, 413, "exceeds the limit")
+
+
+def test_graph_over_the_size_limit_after_gunzip_is_413(service: TestClient, admin: dict) -> None:
+    bomb = gzip.compress(b"\0" * (3 << 20))  # 3 MiB inflated, a few KiB on the wire
+    assert len(bomb) < 64 << 10
+    response = service.post("/v1/jobs", json=job(inline(bomb)), headers=admin)
+    assert_problem(response, 413, "exceeds the limit of 2097152 bytes")
+
+
+def test_graph_over_the_op_limit(service: TestClient, admin: dict) -> None:
+    response = service.post("/v1/jobs", json=job({"zoo": "bert_small"}), headers=admin)
+    assert_problem(response, 422, "3952 nodes", "limit is 3000")
 
 
 def test_unknown_graph_id_is_404(service: TestClient, admin: dict) -> None:
