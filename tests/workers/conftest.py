@@ -43,12 +43,13 @@ class Stack:
     workers: list[subprocess.Popen] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
-        """Start ``python -m tagplan ARGS`` in its own process group, logging to a file."""
+    def spawn(self, name: str, *args: str, **env: str) -> subprocess.Popen:
+        """Start ``python -m tagplan ARGS`` in its own process group, logging to a file;
+        ``env`` adds to the stack's environment."""
         log = (self.logs / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "tagplan", *args],
-            env=self.env,
+            env={**self.env, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -56,8 +57,9 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def start_worker(self, name: str) -> subprocess.Popen:
-        worker = self.spawn(name, "worker", "--pool", "solo", "--hostname", f"{name}@test")
+    def start_worker(self, name: str, pool: str = "solo", **env: str) -> subprocess.Popen:
+        args = ("worker", "--pool", pool, "--hostname", f"{name}@test")
+        worker = self.spawn(name, *args, **env)
         self.workers.append(worker)
         return worker
 
