@@ -65,6 +65,11 @@ def verify_command(
     precision: Annotated[
         str, typer.Option(help="float64 (default: rounding-order free) or float32.")
     ] = "float64",
+    atol: Annotated[float, typer.Option(help="Absolute tolerance (raise it for float32).")] = 1e-12,
+    image_size: Annotated[
+        int | None,
+        typer.Option(help="Rebuild a zoo image classifier on images this many pixels wide."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run the original and the compiled graph for one step in TensorFlow on virtual CPU
@@ -81,7 +86,9 @@ def verify_command(
             chosen,
             batch_size=batch_size,
             rtol=rtol,
+            atol=atol,
             precision=precision,
+            image_size=image_size,
         )
     if as_json:
         print_json(report.to_dict())

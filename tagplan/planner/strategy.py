@@ -47,6 +47,7 @@ __all__ = [
     "Option",
     "ResolvedStrategy",
     "Strategy",
+    "layer_ops",
     "load_strategy",
     "resolve",
 ]
@@ -410,3 +411,14 @@ def resolve(
         sfb_parameters=np.array(sfb, dtype=np.int32),
         sfb_op=sfb_op,
     )
+
+
+def layer_ops(ir: GraphIR, prefix: str) -> list[str]:
+    """The forward, backward and update ops of the layer named ``prefix`` (its name scope,
+    ``gradients/<prefix>/`` and the optimizer's ``update_<prefix>/``), in graph order: an
+    op group that places one layer apart from the rest."""
+    return [
+        n
+        for n in ir.op_names
+        if n.startswith((f"{prefix}/", f"gradients/{prefix}/")) or f"/update_{prefix}/" in n
+    ]

@@ -224,3 +224,10 @@ def test_verify_passes_for_data_parallelism_and_reports_json() -> None:
     result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["passed"] is True
+
+
+@pytest.mark.tf
+def test_verify_refuses_another_image_size_for_a_model_without_global_pooling() -> None:
+    result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--image-size", "64")
+    assert result.exit_code != 0
+    assert "not rebuilt at another image size" in result.output

@@ -27,6 +27,7 @@ from tagplan.planner.strategy import (
     OpGroup,
     Option,
     Strategy,
+    layer_ops,
     resolve,
 )
 from tagplan.planner.topology import Cluster, load_cluster
@@ -57,15 +58,6 @@ def two_by_two() -> Cluster:
             "network": {"bandwidth_gbps": 10, "latency_us": 10},
         }
     )
-
-
-def layer_ops(ir: GraphIR, prefix: str) -> list[str]:
-    """A layer's forward, backward and update ops."""
-    return [
-        n
-        for n in ir.op_names
-        if n.startswith((f"{prefix}/", f"gradients/{prefix}/")) or f"/update_{prefix}/" in n
-    ]
 
 
 def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
