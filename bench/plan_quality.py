@@ -17,7 +17,7 @@ from tagplan.planner.topology import load_cluster
 
 MODELS = ["vgg19", "resnet101", "inception_v3", "transformer", "bert_small", "bert_large"]
 CLUSTERS = ["testbed", "cloud"] + [f"random:{seed}" for seed in range(1, 6)]
-SHOWN = ["dp-nccl", "dp-nccl-p", "horovod", "m-topo", "m-etf", "m-sct"]
+SHOWN = ["single", "dp-nccl", "dp-nccl-p", "dp-ps", "horovod", "m-topo", "m-etf", "m-sct"]
 OOM_CASE = {
     "machines": [
         {"name": f"m{i}", "gpus": {"type": "GTX-1080Ti", "count": 2}, "intra_bandwidth_gbps": 96}
