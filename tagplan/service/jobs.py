@@ -1,6 +1,7 @@
 """Submitting jobs: resolve inputs, deduplicate identical content, enqueue; and views.
 
-Kept apart from the route functions so the CLI's demo and tests build the same documents.
+The routes in :mod:`tagplan.service.api.routes.jobs` stay HTTP-only (status codes,
+headers); what a submission means lives here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The embedded default: a Celery worker in a thread of the API process (DESIGN.md §9).
 
 It is a real :class:`celery.worker.WorkController` consuming kombu's in-memory broker, so
-the embedded service runs exactly the task code, canvas (chain + chord), acknowledgement
+the embedded service runs exactly the task code, canvas (the shards' chord), acknowledgement
 and error policy of a production worker; only the transport differs. ``task_always_eager``
 would have run the tasks inline in the request and skipped all of that. The in-memory
 queue does not survive the process, so on start :func:`requeue_unfinished` re-sends every

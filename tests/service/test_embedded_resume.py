@@ -1,0 +1,83 @@
+"""The embedded service keeps jobs across restarts: its in-memory queue dies with the
+process, but the database says which jobs are unfinished and a new start resumes them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tagplan.db.keys import create_key
+from tagplan.db.migrate import upgrade
+from tagplan.db.models import Job, JobStatus
+from tagplan.db.session import session_scope
+from tagplan.service.client import TagplanClient
+from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
+from tagplan.service.schemas import PlanOptionsIn
+from tagplan.settings import Settings
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(data_dir=tmp_path)
+    url = settings.sqlalchemy_url
+    upgrade(url)
+    data, inputs, loss = zoo_graph("mlp")
+    with session_scope(url) as session:  # what a service stopped right after a submit leaves
+        graph = store_graph(session, settings, data, label="zoo:mlp")
+        cluster = store_cluster(session, cluster_from_input(settings, "testbed"))
+        job_id = str(uuid.uuid4())
+        session.add(
+            Job(
+                id=job_id,
+                key=uuid.uuid4().hex,
+                graph_id=graph.id,
+                cluster_id=cluster.id,
+                batch_inputs=inputs,
+                loss=loss,
+                options=PlanOptionsIn(budget_s=1).model_dump(),
+                status=JobStatus.QUEUED,
+            )
+        )
+        _, token = create_key(session, scopes=["read"])
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")}
+    env["TAGPLAN_DATA_DIR"] = str(tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tagplan", "serve", "--port", str(port)],
+        env=env,
+        stdout=(tmp_path / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        with TagplanClient(f"http://127.0.0.1:{port}", token) as client:
+            deadline = time.monotonic() + 60
+            while True:  # until the server listens
+                try:
+                    job = client.wait(job_id, timeout_s=120, poll_s=0.3)
+                    break
+                except httpx.ConnectError:
+                    assert server.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.3)
+            assert job["status"] == "succeeded", (tmp_path / "serve.log").read_text()[-2000:]
+            assert client.result(job_id)["step_time_s"] > 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
