@@ -6,7 +6,6 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.engine import make_url
 
 __all__ = ["ALEMBIC_INI", "downgrade", "upgrade"]
 
@@ -17,9 +16,6 @@ ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
 def _config(url: str) -> Config:
     if not ALEMBIC_INI.exists():
         raise FileNotFoundError(f"{ALEMBIC_INI} is missing: run from a source checkout")
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     config = Config(str(ALEMBIC_INI))
     config.attributes["url"] = url
     return config

@@ -25,7 +25,7 @@ def _tables(url: str) -> set[str]:
 
 
 def test_alembic_command_line_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    url = f"sqlite:///{tmp_path / 'fresh' / 'cli.db'}"  # in a directory not made yet
     env = {"TAGPLAN_DATABASE_URL": url, "PATH": str(Path(sys.executable).parent)}
     subprocess.run(
         [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_INI), "upgrade", "head"],
