@@ -90,7 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _, token = create_key(session, scopes=["admin"], name="tests")
         port = _free_port()
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")},
             "TAGPLAN_DATABASE_URL": database_url,
             "TAGPLAN_BROKER_URL": broker,
             "TAGPLAN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),

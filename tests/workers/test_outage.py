@@ -32,7 +32,7 @@ def test_broker_down(tmp_path: Path) -> None:
         _, token = create_key(session, scopes=["admin"])
     port = _free_port()
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")},
         "TAGPLAN_DATABASE_URL": database_url,
         "TAGPLAN_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0",  # nothing listens
     }
