@@ -16,10 +16,10 @@ heterogeneous allocation (DESIGN.md §7):
 On a placement of more than one GPU every option is offered; on a single GPU the four
 options are the same deployment and only ``replicate-allreduce`` is kept. Replicas on
 GPUs of different types get batch shares proportional to their speed on the model
-(HeteroG §3.4), which is what makes replication over mixed GPUs worth it. AllReduces of a
-group are fused into buckets that overlap the backward pass (Horovod's tensor fusion,
-what every data-parallel runtime does): hundreds of small collectives otherwise pay
-their latency one by one.
+(HeteroG §3.4), which is what makes replication over mixed GPUs worth it. Gradient
+AllReduces are bucketed (Horovod's tensor fusion, what every data-parallel runtime does):
+those over the same GPUs are fused across op groups into buckets that overlap the
+backward pass, instead of hundreds of small collectives paying their latency one by one.
 """
 
 from __future__ import annotations
