@@ -16,9 +16,11 @@ single-device step for one step in TensorFlow on virtual CPU devices (DESIGN.md 
 The cluster has two machines: two T4s on machine a and one on b (``three``). Each
 verification runs in its own subprocess (``python -m tagplan verify ... --json``), so
 its memory is returned and one failure, timeout or kill does not stop the matrix;
-its wall time and peak RSS (``wait4``) are recorded. A child over the memory budget, or
-one running while the machine's available memory drops under 1 GiB, is killed and
-recorded as OOM.
+its wall time and peak RSS (``wait4``) are recorded. A child over the memory budget is
+killed and recorded as OOM. The machine is shared: a child of at least 2 GiB running
+while the machine's available memory drops under 1 GiB is killed too; if it was under
+the budget then, the same configuration is run once more when memory is back (others'
+use is not the model's), and only a second such kill counts as OOM.
 
 Memory decides the configuration: float64 copies of every variable and its two Adam
 slots live once per mirror, plus the reference's initial and updated values. A
@@ -195,18 +197,19 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
     start = time.monotonic()
     with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
         proc = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
-        killed = ""
+        killed, rss = "", 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if not killed:
+                rss = _rss_bytes(proc.pid)
                 if time.monotonic() - start > timeout:
                     killed = "timeout"
-                elif _rss_bytes(proc.pid) > budget:
+                elif rss > budget:
                     killed = f"RSS over the {budget / GIB:.0f} GiB budget"
-                elif _available_bytes() < GIB:
-                    killed = "the machine's available memory under 1 GiB"
+                elif _available_bytes() < GIB and rss >= 2 * GIB:
+                    killed = f"machine memory under 1 GiB available, child at {rss / GIB:.1f} GiB"
                 if killed:
                     os.killpg(proc.pid, signal.SIGKILL)
             time.sleep(1.0)
@@ -214,11 +217,19 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
     return {
         "exit": proc.returncode,
         "killed": killed,
+        "rss_at_kill": rss,
         "wall_s": time.monotonic() - start,
         "peak_rss": usage.ru_maxrss * 1024,
         "stdout": log.with_suffix(".out").read_text(),
         "stderr": log.with_suffix(".err").read_text(),
     }
+
+
+def _wait_for_memory(need: int, deadline: float) -> None:
+    """Until the machine has ``need`` bytes available (at most five minutes)."""
+    stop = min(time.time() + 300, deadline - 60)
+    while _available_bytes() < need and time.time() < stop:
+        time.sleep(5)
 
 
 def _report(stdout: str) -> dict | None:
@@ -257,14 +268,18 @@ def _verify(
 ) -> Outcome:
     outcome = Outcome(model, kind)
     configurations = _configurations(kind)
-    for index, (cluster_name, precision) in enumerate(configurations):
+    retried = False
+    index = 0
+    while index < len(configurations):
+        cluster_name, precision = configurations[index]
+        index += 1
         if cluster_name not in strategies:
             strategies[cluster_name] = _strategies(model, cluster_name, work)
         facts = json.loads((work / f"{model}-{cluster_name}-facts.json").read_text())
         devices = 3 if cluster_name == "three" else 2
         need = _estimate(facts["parameters"], precision, _mirrors(kind, devices))
         label = f"{precision} on {devices} GPUs"
-        last = index == len(configurations) - 1
+        last = index == len(configurations)
         if need > args.budget_gib * GIB and not last:
             outcome.attempts.append(f"{label}: estimated {need / GIB:.1f} GiB, not attempted")
             continue
@@ -326,6 +341,11 @@ def _verify(
             outcome.result = "OOM"
             reason = ran["killed"] or "killed by SIGKILL"
             outcome.attempts.append(f"{label}: OOM ({reason}) after {ran['wall_s']:.0f} s")
+            if ran["killed"].startswith("machine") and not retried:
+                retried = True
+                index -= 1  # others' memory, not this model's: the same once more
+                _wait_for_memory(min(need, int(args.budget_gib * GIB)), deadline)
+                continue
             if not last:
                 continue
         elif report is not None and report.get("passed") and ran["exit"] == 0:
@@ -390,7 +410,7 @@ def _run_arguments(argv: list[str]) -> list[str]:
             skip = False
         elif arg in ("--results", "--from-results"):
             skip = True
-        elif not arg.startswith(("--results=", "--from-results=")):
+        elif arg != "--resume" and not arg.startswith(("--results=", "--from-results=")):
             kept.append(arg)
     return kept
 
@@ -405,6 +425,9 @@ def main() -> None:
     parser.add_argument("--atol32", type=float, default=1e-5)
     parser.add_argument("--deadline", help="UTC time (HH:MM) after which nothing starts.")
     parser.add_argument("--results", type=Path, help="Also write the rows as JSON here.")
+    parser.add_argument(
+        "--resume", action="store_true", help="Keep the passing rows of --results; run the rest."
+    )
     parser.add_argument(
         "--from-results", type=Path, help="Only rewrite the section from rows written earlier."
     )
@@ -423,6 +446,9 @@ def main() -> None:
             outcomes[(row["model"], row["kind"])] = Outcome(**row)
         write_section("verify-matrix", TITLE, command, _table(outcomes, args))
         return
+    if args.resume and args.results and args.results.exists():
+        for row in json.loads(args.results.read_text()):
+            outcomes[(row["model"], row["kind"])] = Outcome(**row)
     with tempfile.TemporaryDirectory(prefix="verify-matrix-") as tmp:
         work = Path(tmp)
         for name, spec in CLUSTERS.items():
@@ -430,6 +456,8 @@ def main() -> None:
         for model in args.models:
             strategies: dict = {}
             for kind in args.kinds:
+                if outcomes.get((model, kind), Outcome(model, kind)).result == "PASS":
+                    continue
                 outcome = _verify(model, kind, args, work, strategies, deadline)
                 outcomes[(model, kind)] = outcome
                 print(
