@@ -105,7 +105,9 @@ def main() -> None:
             "uniform prior (pure MCTS); *chosen from* is `search` when the tree search found "
             "the plan, else the baseline the search could not beat within the budget (every "
             "baseline is a strategy of the same space, and the plan is the fastest strategy "
-            "seen). *best baseline / tagplan* is the margin over the fastest baseline that "
+            "seen). SFB is decided last for both the search's plan and the fastest baseline, "
+            "so a row chosen from a baseline can still beat it (that baseline plus SFB). "
+            "*best baseline / tagplan* is the margin over the fastest baseline that "
             "fits (1.00 = tie).",
             "",
             *lines,
