@@ -139,17 +139,8 @@ def test_bert_large_where_data_parallelism_runs_out_of_memory_gets_a_plan_that_f
 
 @pytest.mark.tf
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model", "precision"),
-    # VGG19's float64 copies outgrow this machine's memory: float32 at 1% of Adam's first
-    # step (the verification matrix's tolerance, bench/verify_matrix.py)
-    [
-        ("mlp", []),
-        ("small_cnn", []),
-        ("vgg19", ["--precision", "float32", "--rtol", "1e-3", "--atol", "1e-5"]),
-    ],
-)
-def test_the_returned_plan_computes_the_single_device_step(model, precision, tmp_path) -> None:
+@pytest.mark.parametrize("model", ["mlp", "small_cnn"])
+def test_the_returned_plan_computes_the_single_device_step(model, tmp_path) -> None:
     spec = {
         "machines": [
             {
@@ -179,7 +170,6 @@ def test_the_returned_plan_computes_the_single_device_step(model, precision, tmp
             str(tmp_path / "cluster.json"),
             "-s",
             str(tmp_path / "strategy.json"),
-            *precision,
         ],
         capture_output=True,
         text=True,
