@@ -9,14 +9,12 @@ import math
 import statistics
 import time
 
-import numpy as np
-
 from bench.plan_quality import analyzed
 from bench.report import write_section
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
-from tagplan.planner.search.grouping import group_ops
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.search.mcts import SearchProgress, StrategySearch
 from tagplan.planner.topology import load_cluster
 
@@ -43,11 +41,9 @@ def iterations_to_beat(
     }
     dp_s = steps["dp-nccl"].step_time_s
     horovod_s = math.inf if steps["horovod"].result.oom else steps["horovod"].step_time_s
-    types = sorted({str(cluster.type_names[t]) for t in cluster.device_type})
-    mean_time = np.mean([evaluator.costs.op_times(t, ir.batch_size).seconds for t in types], 0)
     search = StrategySearch(
         evaluator,
-        group_ops(ir, mean_time, seed=seed),
+        group_ops(ir, cluster_mean_op_time_s(ir, cluster, evaluator.costs), seed=seed),
         ActionSpace(ir, cluster, evaluator.costs),
         reference_step_s=dp_s,
         seed=seed,

@@ -38,8 +38,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
@@ -50,7 +48,11 @@ from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.result import PlanResult
 from tagplan.planner.search.actions import DEFAULT_MAX_ACTIONS, ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
-from tagplan.planner.search.grouping import DEFAULT_MAX_GROUPS, group_ops
+from tagplan.planner.search.grouping import (
+    DEFAULT_MAX_GROUPS,
+    cluster_mean_op_time_s,
+    group_ops,
+)
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
     SearchOutcome,
@@ -134,14 +136,18 @@ class Planner:
         self.prior = prior
         self._progress, self._cancel = progress, cancel
         self.phase_seconds: dict[str, float] = {}
+        self._phase: str | None = None
+        self._phase_started = self.started
+        self.reference_step_s: float | None = None
         costs = OpCostModel(ir, profiles=profiles, gpu_types=cluster.to_spec().type_table())
         self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
 
         self._enter("group")
-        type_names = sorted({str(cluster.type_names[t]) for t in cluster.device_type})
-        mean_time = np.mean([costs.op_times(t, ir.batch_size).seconds for t in type_names], axis=0)
         self.grouping = group_ops(
-            ir, mean_time, max_groups=self.options.max_groups, seed=self.options.seed
+            ir,
+            cluster_mean_op_time_s(ir, cluster, costs),
+            max_groups=self.options.max_groups,
+            seed=self.options.seed,
         )
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
 
@@ -165,7 +171,7 @@ class Planner:
         self._report(phase, 0, None)
 
     def _leave(self) -> None:
-        phase = getattr(self, "_phase", None)
+        phase = self._phase
         if phase is not None:
             elapsed = time.perf_counter() - self._phase_started
             self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + elapsed
@@ -180,7 +186,7 @@ class Planner:
                 iterations=iterations,
                 best_step_time_s=best_step_s,
                 best_speedup=self.reference_step_s / best_step_s
-                if best_step_s and getattr(self, "reference_step_s", None)
+                if best_step_s and self.reference_step_s
                 else None,
                 elapsed_s=time.perf_counter() - self.started,
             )

@@ -12,31 +12,8 @@ import pytest
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
 from tagplan.planner.topology import load_cluster
+from tests.planner.clusters import gpus
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
-
-
-def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None = None):
-    spec: dict = {
-        "machines": [
-            {
-                "name": f"m{i}",
-                "gpus": {"type": kind, "count": per_machine},
-                "intra_bandwidth_gbps": 96,
-            }
-            for i in range(machines)
-        ],
-        "network": {"bandwidth_gbps": 25},
-    }
-    if memory_gib is not None:
-        spec["gpu_types"] = [
-            {
-                "name": kind,
-                "fp32_tflops": 10,
-                "memory_bandwidth_gb_per_s": 500,
-                "memory_gib": memory_gib,
-            }
-        ]
-    return load_cluster(spec)
 
 
 def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None:

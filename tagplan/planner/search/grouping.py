@@ -25,11 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 import pymetis
 
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.topology import Cluster
 from tagplan.planner.unionfind import UnionFind
 
-__all__ = ["Grouping", "atoms_of", "group_ops"]
+__all__ = ["Grouping", "atoms_of", "cluster_mean_op_time_s", "group_ops"]
 
 DEFAULT_MAX_GROUPS = 60
 DEFAULT_BALANCE = 2.0
@@ -146,6 +148,13 @@ def _topological_numbering(groups: np.ndarray) -> np.ndarray:
     rank = np.empty(count, dtype=np.int32)
     rank[np.argsort(first, kind="stable")] = np.arange(count, dtype=np.int32)
     return rank[groups]
+
+
+def cluster_mean_op_time_s(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
+    """Each op's time at the job's batch averaged over the cluster's GPU types (TAG §4.1.1:
+    "total computation time, averaged over measured running time on different devices")."""
+    types = sorted({str(cluster.type_names[t]) for t in cluster.device_type})
+    return np.mean([costs.op_times(t, ir.batch_size).seconds for t in types], axis=0)
 
 
 def group_ops(

@@ -23,6 +23,7 @@ from tagplan.planner.search.mcts import (
 from tagplan.planner.search.prior import PriorQuery
 from tagplan.planner.strategy import Option
 from tagplan.planner.topology import load_cluster
+from tests.planner.clusters import gpus
 from tests.planner.zoo_graphs import zoo_ir
 
 
@@ -167,27 +168,7 @@ def test_more_model_parallelism_until_the_step_fits() -> None:
     ir = zoo_ir("bert_small", 2)
     # two machines of two 1.2 GiB GPUs: replicas hold every parameter and its Adam slots
     # (1.25 GiB with the reserve) and overflow; split over the GPUs the step fits
-    cluster = load_cluster(
-        {
-            "gpu_types": [
-                {
-                    "name": "SMALL",
-                    "fp32_tflops": 10,
-                    "memory_bandwidth_gb_per_s": 500,
-                    "memory_gib": 1.2,
-                }
-            ],
-            "machines": [
-                {
-                    "name": f"m{i}",
-                    "gpus": {"type": "SMALL", "count": 2},
-                    "intra_bandwidth_gbps": 100,
-                }
-                for i in range(2)
-            ],
-            "network": {"bandwidth_gbps": 25},
-        }
-    )
+    cluster = gpus("SMALL", 2, 2, memory_gib=1.2)
     evaluator = Evaluator(ir, cluster)
     grouping = group_ops(ir, evaluator.costs.op_times("SMALL", ir.batch_size).seconds)
     space = ActionSpace(ir, cluster, evaluator.costs)
