@@ -39,8 +39,10 @@ def test_language_models_verify_under_data_and_model_parallelism(model: str) -> 
 
 
 def test_vgg19_verifies_under_data_and_model_parallelism_across_two_machines() -> None:
-    """VGG19 at batch 2 over two machines with one GPU each (float64 copies of its 548 MiB
-    of parameters and Adam slots on every mirror are what this machine's memory allows)."""
+    """VGG19 at batch 2 over two machines with one GPU each, in float32 at the verification
+    matrix's tolerance (atol = 1% of Adam's first step, bench/verify_matrix.py): float64
+    copies of its parameters and Adam slots on every mirror leave the suite's process at
+    the edge of this machine's memory."""
     cluster = load_cluster(
         {
             "machines": [
@@ -50,6 +52,14 @@ def test_vgg19_verifies_under_data_and_model_parallelism_across_two_machines() -
             "network": {"bandwidth_gbps": 10},
         }
     )
-    reports = verify_many("zoo:vgg19", cluster, list(STRATEGIES.values()), batch_size=2)
+    reports = verify_many(
+        "zoo:vgg19",
+        cluster,
+        list(STRATEGIES.values()),
+        batch_size=2,
+        precision="float32",
+        rtol=1e-3,
+        atol=1e-5,
+    )
     for name, report in zip(STRATEGIES, reports, strict=True):
         assert report.passed, f"{name}: {report.summary()}"
