@@ -14,6 +14,7 @@ import numpy as np
 
 from tagplan.planner.compile.batchnorm import RunningStatistic, per_replica_statistics
 from tagplan.planner.compile.lowering import to_float64
+from tagplan.planner.compile.values import ValueStore
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
@@ -24,6 +25,7 @@ from tagplan.planner.graph.source import ZOO_PREFIX, load_graph_source
 __all__ = [
     "Original",
     "Reference",
+    "assign_values",
     "assigner",
     "batches",
     "load_original",
@@ -53,7 +55,7 @@ class Original:
     feed: dict[str, np.ndarray]
     init: str
     train: str | list[str]  # the train node, or every sink of the step
-    initial: dict[str, np.ndarray] | None = None
+    initial: ValueStore  # filled by the first reference step
 
 
 @dataclass(eq=False)
@@ -64,9 +66,9 @@ class Reference:
     graph_def: Any  # this package's GraphDef
     ir: GraphIR
     feed: dict[str, np.ndarray]
-    initial: dict[str, np.ndarray]
+    initial: ValueStore
     loss: float
-    updated: dict[str, np.ndarray]
+    updated: ValueStore
     splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
     # running statistic -> (its update, its value after the step from each replica's)
     running: dict[str, tuple[RunningStatistic, list[np.ndarray]]] = field(default_factory=dict)
@@ -169,13 +171,31 @@ def assigner(tf: Any, graph: Any, name: str) -> tuple[Any, Any]:
         return value, tf.raw_ops.Assign(ref=op.outputs[0], value=value).op
 
 
+def assign_values(
+    session: Any, assigns: Mapping[str, tuple[Any, Any, str]], store: ValueStore
+) -> None:
+    """Run every ``(placeholder, assign op, value name)`` of ``assigns`` with that value
+    from ``store``, in batches of bounded size: the replicas of a big model fill the
+    memory."""
+    for batch in batches(list(assigns.values()), lambda a: store.nbytes(a[2])):
+        values = {name: store.get(name) for name in {a[2] for a in batch}}
+        session.run([a[1] for a in batch], {a[0]: values[a[2]] for a in batch})
+
+
 def _variables(ir: GraphIR) -> list[str]:
     return [ir.op_names[op] for op in range(ir.num_ops) if ir.op_types[op] in VARIABLE_OPS]
 
 
 def load_original(
-    graph_spec: str, batch_size: int, image_size: int | None, seed: int, double: bool
+    graph_spec: str,
+    batch_size: int,
+    image_size: int | None,
+    seed: int,
+    double: bool,
+    initial: ValueStore,
 ) -> Original:
+    """The graph to verify at the verifying batch; ``initial`` (empty) will hold the
+    values its initializer gives the variables."""
     graph_def, ir, inputs, init, train = _load(graph_spec, batch_size, image_size)
     if ir.loss_op < 0:
         raise InvalidInput(f"{graph_spec} has no loss to compare")
@@ -185,7 +205,7 @@ def load_original(
     if train is None:  # every sink of the step, as the compiled train_op
         used = {_name(i) for node in graph_def.node for i in node.input}
         train = [n for n in ir.op_names if n not in used]
-    return Original(graph_spec, graph_def, ir, feed, init, train)
+    return Original(graph_spec, graph_def, ir, feed, init, train, initial)
 
 
 def run_reference(
@@ -193,11 +213,13 @@ def run_reference(
     original: Original,
     splits: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
     double: bool,
+    updated: ValueStore,
 ) -> Reference:
     """One step of the original graph, with per-replica batch statistics for ``splits``.
 
     The first run initializes the variables with the graph's initializer and keeps their
-    values; later runs assign those values.
+    values in ``original.initial``; later runs assign those values. The updated values go
+    to ``updated``. Both move a batch at a time: neither is held in memory whole.
     """
     graph_def, running = original.graph_def, {}
     if splits:
@@ -213,23 +235,23 @@ def run_reference(
             train = original.train
         else:
             train = tf.group(*[graph.get_operation_by_name(n) for n in original.train])
-        assigns = {} if original.initial is None else {n: assigner(tf, graph, n) for n in names}
+        first = len(original.initial) == 0
+        assigns = {} if first else {n: (*assigner(tf, graph, n), n) for n in names}
         with open_session(tf, graph, 1) as session:
-            if original.initial is None:
-                session.run(original.init)
-                original.initial = session.run(reads)
             initial = original.initial
-            for batch in batches(list(assigns), lambda n: initial[n].nbytes):
-                run = [assigns[n][1] for n in batch]
-                session.run(run, {assigns[n][0]: initial[n] for n in batch})
+            if first:
+                session.run(original.init)
+                _read_into(session, reads, initial, names)
+            assign_values(session, assigns, initial)
             fed = {f"{name}:0": value for name, value in original.feed.items()}
             loss_node = f"{original.ir.op_names[original.ir.loss_op]}:0"
             values = {name: list(s.values) for name, s in running.items()}
             gradients = _gradients(original.ir)
             loss, _, assigned, gradient = session.run([loss_node, train, values, gradients], fed)
-            updated = session.run(reads)
-    noise = _noise(gradient)
-    moved = [np.abs(updated[n] - initial[n])[mask] for n, mask in noise.items()]
+            noise = _noise(gradient)
+            del gradient
+            _read_into(session, reads, updated, names)
+    moved = (np.abs(updated.get(n) - initial.get(n))[mask] for n, mask in noise.items())
     floor = _NOISE_FACTOR * max((float(m.max()) for m in moved if m.size), default=0.0)
     return Reference(
         original.label,
@@ -241,12 +263,27 @@ def run_reference(
         updated,
         splits,
         {
-            name: (s, [s.expected(initial[name], v) for v in assigned[name]])
+            name: (s, [s.expected(initial.get(name), v) for v in assigned[name]])
             for name, s in running.items()
         },
         noise,
         floor,
     )
+
+
+def _read_into(session: Any, reads: Mapping[str, Any], store: ValueStore, names: list[str]) -> None:
+    """The values of variables ``names`` into ``store``, a batch of them per run."""
+    sizes = {name: _nbytes(reads[name]) for name in names}
+    for batch in batches(names, sizes.__getitem__):
+        for name, value in session.run({n: reads[n] for n in batch}).items():
+            store.put(name, value)
+
+
+def _nbytes(tensor: Any) -> int:
+    shape = tensor.shape
+    if not shape.is_fully_defined():
+        return _BATCH_BYTES  # read alone
+    return int(np.prod(shape.as_list(), dtype=np.int64)) * tensor.dtype.size
 
 
 def _gradients(ir: GraphIR) -> dict[str, str]:

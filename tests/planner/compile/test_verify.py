@@ -180,3 +180,15 @@ def test_a_graph_file_is_verified_at_its_own_batch(tmp_path) -> None:
     report = verify(str(path), cluster, strategy("dp-nccl", ir, cluster, "dense_2").to_json())
     assert report.passed, report.summary()
     assert report.batch_size == 32 and report.strategy == "dp-nccl"
+
+
+@pytest.mark.tf
+def test_a_verification_leaves_no_values_on_disk(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cluster = two_by_two()
+    _, ir = _batch_four("mlp")
+    report = verify("zoo:mlp", cluster, strategy("dp-nccl", ir, cluster, "dense_2"), batch_size=4)
+    assert report.passed, report.summary()
+    assert list(tmp_path.iterdir()) == []

@@ -13,10 +13,11 @@ import pytest
 
 from tagplan.planner.compile.batchnorm import lower_batch_norms
 from tagplan.planner.compile.graphdef import compile_graphdef
-from tagplan.planner.compile.verify import VerifyReport, to_float64, verify_many
+from tagplan.planner.compile.verify import VerifyReport, to_float64
 from tagplan.planner.graph.protos import GraphDef
 from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
+from tests.planner.compile.own_process import verify_many_apart
 from tests.planner.compile.test_graphdef import committed, layer_ops
 
 pytestmark = pytest.mark.tf
@@ -81,7 +82,7 @@ def _wrong_statistics(model: str, cluster):
 
 def _verified(model: str, plans: dict) -> dict[str, VerifyReport]:
     cluster = load_cluster(THREE_GPUS)
-    reports = verify_many(
+    reports = verify_many_apart(
         f"zoo:{model}",
         cluster,
         list(plans.values()),
