@@ -24,9 +24,9 @@ use is not the model's), and only a second such kill counts as OOM.
 
 Memory decides the configuration: float64 copies of every variable and its two Adam
 slots live once per mirror, with the gradients; the initial and updated values wait on
-disk. A configuration whose estimate ``m (W + 2P)`` plus 2 GiB for the process (``W``
-all variables, ``P`` the parameters, ``m`` mirrors) exceeds the budget is not attempted
-and the next is tried:
+disk. ``tagplan verify --max-memory-gib`` refuses a step whose estimate
+(``tagplan.planner.compile.verify_memory``) exceeds the budget, and the next
+configuration is tried:
 float64 on three GPUs, float64 on one GPU per machine (``two``; not for model
 parallelism, which needs three GPUs), then float32 at rtol 1e-3 and atol 1e-5. That
 atol is 1% of Adam's first step (learning rate 1e-3 moves every parameter element by
@@ -34,8 +34,8 @@ about 1e-3 whatever its gradient): float32 sums taken in another order differ by
 1e-7 relatively, which Adam's division by ``|g|`` amplifies only where a gradient element
 nearly cancels, while a wrong gradient moves elements by a whole step, a hundred times
 the atol, and changes the slots and the loss. A run killed
-for memory also moves on to the next configuration. The last configuration is always
-attempted, whatever its estimate.
+for memory also moves on to the next configuration. The last configuration runs without
+the budget's flag: only the machine's available memory can refuse it.
 
 Batch 4 (every replica gets at least one row); ResNet-101 and Inception-v3 on the
 smallest images whose last feature maps are 2 x 2 (64 and 107 pixels); BERT and the
@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.report import write_section
+from tagplan.planner.compile.verify_memory import GIB, available_bytes
 
 MODELS = ["vgg19", "resnet101", "inception_v3", "transformer", "bert_small", "bert_large"]
 KINDS = ["dp-nccl", "dp-ps", "dp-nccl-p", "partial", "model-parallel", "duplicate"]
@@ -75,8 +77,7 @@ HEAD = {
     "bert_small": "cls",
     "bert_large": "cls",
 }
-GIB = 1 << 30
-_PROCESS_BYTES = 2 * GIB  # TensorFlow, both graphs and a batch of values moving
+_REFUSED = re.compile(r"needs about ([0-9.]+) GiB")
 TITLE = "tagplan verify: every zoo model under every strategy kind"
 
 
@@ -169,19 +170,11 @@ def _strategies(model: str, cluster_name: str, out: Path) -> dict[str, str]:
     mp = resolve(plans["model-parallel"], ir, cluster)
     used = {int(d) for d in mp.op_device if d >= 0}
     sizes = {
-        "parameters": int(ir.parameters.bytes.sum()),
         "model_parallel_devices": len(used),
         "head_ops": len(head),
     }
     (out / f"{model}-{cluster_name}-facts.json").write_text(json.dumps(sizes))
     return found
-
-
-def _available_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 1 << 62
 
 
 def _rss_bytes(pid: int) -> int:
@@ -210,7 +203,7 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
                     killed = "timeout"
                 elif rss > budget:
                     killed = f"RSS over the {budget / GIB:.0f} GiB budget"
-                elif _available_bytes() < GIB and rss >= 2 * GIB:
+                elif (available_bytes() or 1 << 62) < GIB and rss >= 2 * GIB:
                     killed = f"machine memory under 1 GiB available, child at {rss / GIB:.1f} GiB"
                 if killed:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -230,7 +223,7 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
 def _wait_for_memory(need: int, deadline: float) -> None:
     """Until the machine has ``need`` bytes available (at most five minutes)."""
     stop = min(time.time() + 300, deadline - 60)
-    while _available_bytes() < need and time.time() < stop:
+    while (available_bytes() or 1 << 62) < need and time.time() < stop:
         time.sleep(5)
 
 
@@ -242,21 +235,6 @@ def _report(stdout: str) -> dict | None:
         return json.loads(stdout[start:])
     except json.JSONDecodeError:
         return None
-
-
-def _estimate(parameters: int, precision: str, mirrors: int) -> int:
-    """Peak bytes of one verification. Initial and updated values wait on disk (verify's
-    ``ValueStore``); each step holds every variable (parameters and two Adam slots) and
-    the gradients twice (computed, then summed or fetched), the compiled step once per
-    mirror. BERT-Large's DP-NCCL in float32 on two GPUs: 14.1 GiB measured, 14.5
-    estimated."""
-    scale = 2 if precision == "float64" else 1
-    params = parameters * scale
-    return mirrors * (3 * params + 2 * params) + _PROCESS_BYTES
-
-
-def _mirrors(kind: str, devices: int) -> int:
-    return 1 if kind in ("dp-ps", "model-parallel") else devices
 
 
 def _configurations(kind: str) -> list[tuple[str, str]]:
@@ -284,12 +262,8 @@ def _verify(
             strategies[cluster_name] = _strategies(model, cluster_name, work)
         facts = json.loads((work / f"{model}-{cluster_name}-facts.json").read_text())
         devices = 3 if cluster_name == "three" else 2
-        need = _estimate(facts["parameters"], precision, _mirrors(kind, devices))
         label = f"{precision} on {devices} GPUs"
         last = index == len(configurations)
-        if need > args.budget_gib * GIB and not last:
-            outcome.attempts.append(f"{label}: estimated {need / GIB:.1f} GiB, not attempted")
-            continue
         remaining = deadline - time.time()
         if remaining < 60:
             outcome.attempts.append(f"{label}: not run (time)")
@@ -313,6 +287,8 @@ def _verify(
         ]
         if precision == "float32":
             command += ["--rtol", str(args.rtol32), "--atol", str(args.atol32)]
+        if not last:  # refused, with its estimate, if it cannot fit the budget
+            command += ["--max-memory-gib", str(args.budget_gib)]
         if model in IMAGE_SIZE:
             command += ["--image-size", str(IMAGE_SIZE[model])]
         print(f"{datetime.now(UTC):%H:%M:%S} {model} {kind} {label}", flush=True)
@@ -322,6 +298,10 @@ def _verify(
             int(args.budget_gib * GIB),
             work / f"{model}-{kind}-{cluster_name}-{precision}",
         )
+        refused = _REFUSED.search(ran["stderr"]) if ran["exit"] == 2 else None
+        if refused and not last:
+            outcome.attempts.append(f"{label}: estimated {refused[1]} GiB, not attempted")
+            continue
         report = _report(ran["stdout"])
         outcome.cluster = f"{devices} GPUs (a {devices - 1}, b 1)"
         outcome.precision = precision
@@ -351,7 +331,7 @@ def _verify(
             if ran["killed"].startswith("machine") and not retried:
                 retried = True
                 index -= 1  # others' memory, not this model's: the same once more
-                _wait_for_memory(min(need, int(args.budget_gib * GIB)), deadline)
+                _wait_for_memory(int(args.budget_gib * GIB), deadline)
                 continue
             if not last:
                 continue

@@ -70,6 +70,10 @@ def verify_command(
         int | None,
         typer.Option(help="Rebuild a zoo image classifier on images this many pixels wide."),
     ] = None,
+    max_memory_gib: Annotated[
+        float | None,
+        typer.Option(help="Refuse a step estimated to need more (default: what is available)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run the original and the compiled graph for one step in TensorFlow on virtual CPU
@@ -89,6 +93,7 @@ def verify_command(
             atol=atol,
             precision=precision,
             image_size=image_size,
+            memory_limit_bytes=None if max_memory_gib is None else int(max_memory_gib * (1 << 30)),
         )
     if as_json:
         print_json(report.to_dict())

@@ -231,3 +231,13 @@ def test_verify_refuses_another_image_size_for_a_model_without_global_pooling() 
     result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--image-size", "64")
     assert result.exit_code != 0
     assert "not rebuilt at another image size" in result.output
+
+
+@pytest.mark.tf
+def test_verify_refuses_a_step_over_its_memory_limit_with_the_estimate() -> None:
+    result = invoke(
+        "verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--max-memory-gib", "0.5"
+    )
+    assert result.exit_code == 2
+    assert "needs about 1.0 GiB of memory and the limit is 0.5 GiB" in result.output
+    assert "--precision float32" in result.output

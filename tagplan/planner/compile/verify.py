@@ -132,11 +132,21 @@ from tagplan.planner.compile.reference import (
     run_reference,
 )
 from tagplan.planner.compile.values import ValueStore
+from tagplan.planner.compile.verify_memory import GIB, available_bytes, verification_bytes
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Strategy, load_strategy, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 
-__all__ = ["VariableCheck", "VerifyReport", "lower_for_cpu", "to_float64", "verify", "verify_many"]
+__all__ = [
+    "VariableCheck",
+    "VerifyOptions",
+    "VerifyReport",
+    "lower_for_cpu",
+    "to_float64",
+    "verify",
+    "verify_many",
+]
 
 _UNSET = float("nan")
 # no element is compared closer than rtol times this much of its variable's largest magnitude
@@ -336,40 +346,65 @@ def _run_compiled(
     )
 
 
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How :func:`verify_many` runs: the batch, the criterion, the precision, the seed of
+    the random batch, a zoo image classifier's image size, and the memory it may use."""
+
+    batch_size: int = 4
+    rtol: float = 1e-4
+    atol: float = 1e-12
+    seed: int = 0
+    precision: str = "float64"
+    image_size: int | None = None
+    memory_limit_bytes: int | None = None  # at most this, and what the machine has
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise InvalidInput(f"batch size must be >= 1, got {self.batch_size}")
+        if self.precision not in ("float64", "float32"):
+            raise InvalidInput(f"precision must be float64 or float32, got {self.precision!r}")
+
+    @property
+    def double(self) -> bool:
+        return self.precision == "float64"
+
+
+def _check_memory(
+    ir: GraphIR, planned: list[tuple[DistributedGraph, str]], options: VerifyOptions
+) -> None:
+    """Refuse, with the figures, a verification that cannot fit the memory it may use."""
+    limits = [b for b in (available_bytes(), options.memory_limit_bytes) if b is not None]
+    if not limits or not planned:
+        return
+    need, label = max((verification_bytes(ir, c, options.double), lb) for c, lb in planned)
+    if need > min(limits):
+        where = (
+            f"the limit is {options.memory_limit_bytes / GIB:.1f} GiB"
+            if min(limits) == options.memory_limit_bytes
+            else f"this machine has {min(limits) / GIB:.1f} GiB available"
+        )
+        advice = "float32 (--precision float32 --rtol 1e-3 --atol 1e-5), " if options.double else ""
+        raise InvalidInput(
+            f"verifying {label} needs about {need / GIB:.1f} GiB of memory and {where}: "
+            f"verify in {advice}on a cluster with fewer GPUs, or with more memory"
+        )
+
+
 def verify_many(
     graph_spec: str,
     cluster: Cluster | Any,
     strategies: Sequence[Strategy | DistributedGraph | str | dict],
-    *,
-    batch_size: int = 4,
-    rtol: float = 1e-4,
-    atol: float = 1e-12,
-    seed: int = 0,
-    precision: str = "float64",
-    image_size: int | None = None,
+    **options: Any,
 ) -> list[VerifyReport]:
-    """:func:`verify` for several strategies, running the original step once."""
+    """:func:`verify` for several strategies, running the original step once; ``options``
+    are the fields of :class:`VerifyOptions`."""
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
-    if batch_size < 1:
-        raise InvalidInput(f"batch size must be >= 1, got {batch_size}")
-    if precision not in ("float64", "float32"):
-        raise InvalidInput(f"precision must be float64 or float32, got {precision!r}")
-    double = precision == "float64"
+    settings = VerifyOptions(**options)
     tf = load_tensorflow()
     with tempfile.TemporaryDirectory(prefix="tagplan-verify-") as scratch:
-        return _verify_all(
-            tf,
-            graph_spec,
-            cluster,
-            strategies,
-            Path(scratch),
-            batch_size,
-            image_size,
-            seed,
-            double,
-            (rtol, atol),
-        )
+        return _verify_all(tf, graph_spec, cluster, strategies, Path(scratch), settings)
 
 
 def _verify_all(
@@ -378,15 +413,13 @@ def _verify_all(
     cluster: Cluster,
     strategies: Sequence[Strategy | DistributedGraph | str | dict],
     scratch: Path,
-    batch_size: int,
-    image_size: int | None,
-    seed: int,
-    double: bool,
-    tolerance: tuple[float, float],
+    options: VerifyOptions,
 ) -> list[VerifyReport]:
-    rtol, atol = tolerance
+    double = options.double
     initial = ValueStore(scratch / "initial")
-    original = load_original(graph_spec, batch_size, image_size, seed, double, initial)
+    original = load_original(
+        graph_spec, options.batch_size, options.image_size, options.seed, double, initial
+    )
     planned: list[tuple[DistributedGraph, str, tuple]] = []
     for index, item in enumerate(strategies):
         if isinstance(item, DistributedGraph):
@@ -398,6 +431,7 @@ def _verify_all(
             label = strategy.name or f"strategy {index}"
         splits = batch_norm_splits(original.ir, compiled.placement)
         planned.append((compiled, label, tuple(sorted(splits.items()))))
+    _check_memory(original.ir, [(c, label) for c, label, _ in planned], options)
     # one reference step per way of splitting the batch norms, dropped after its last use
     reports: dict[int, VerifyReport] = {}
     for number, key in enumerate(dict.fromkeys(key for _, _, key in planned)):
@@ -406,7 +440,7 @@ def _verify_all(
         for index, (compiled, label, used) in enumerate(planned):
             if used == key:
                 reports[index] = _run_compiled(
-                    tf, reference, cluster, compiled, label, rtol, atol, double
+                    tf, reference, cluster, compiled, label, options.rtol, options.atol, double
                 )
         updated.remove()
     return [reports[index] for index in range(len(planned))]
@@ -416,31 +450,17 @@ def verify(
     graph_spec: str,
     cluster: Cluster | Any,
     strategy: Strategy | DistributedGraph | str | dict,
-    *,
-    batch_size: int = 4,
-    rtol: float = 1e-4,
-    atol: float = 1e-12,
-    seed: int = 0,
-    precision: str = "float64",
-    image_size: int | None = None,
+    **options: Any,
 ) -> VerifyReport:
     """Check that ``strategy`` compiled for ``cluster`` computes what ``graph_spec`` does.
 
     ``strategy`` is a strategy (an object, JSON text or a decoded document) to compile, or
     a :class:`~.graphdef.DistributedGraph` compiled earlier (at the same batch) to check
-    as it is. ``seed`` fixes the random batch; ``image_size`` rebuilds a zoo image
-    classifier on smaller images (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
-    :class:`~tagplan.planner.errors.InvalidInput`; a compiled graph that TensorFlow
-    refuses or that computes something else gives a failing report.
+    as it is. ``options`` are the fields of :class:`VerifyOptions`: ``seed`` fixes the
+    random batch; ``image_size`` rebuilds a zoo image classifier on smaller images
+    (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
+    :class:`~tagplan.planner.errors.InvalidInput`, and so does a step estimated not to fit
+    the memory (:mod:`.verify_memory`); a compiled graph that TensorFlow refuses or that
+    computes something else gives a failing report.
     """
-    return verify_many(
-        graph_spec,
-        cluster,
-        [strategy],
-        batch_size=batch_size,
-        rtol=rtol,
-        atol=atol,
-        seed=seed,
-        precision=precision,
-        image_size=image_size,
-    )[0]
+    return verify_many(graph_spec, cluster, [strategy], **options)[0]

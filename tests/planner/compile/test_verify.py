@@ -192,3 +192,19 @@ def test_a_verification_leaves_no_values_on_disk(tmp_path, monkeypatch) -> None:
     report = verify("zoo:mlp", cluster, strategy("dp-nccl", ir, cluster, "dense_2"), batch_size=4)
     assert report.passed, report.summary()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_memory_estimate_counts_every_copy_and_every_gradient_instance() -> None:
+    """DP-NCCL on 2 x 2 GPUs: four copies of every variable, four instances of every
+    gradient (computed, then summed); float64 doubles them; 1 GiB for the process."""
+    from tagplan.planner.compile.verify_memory import GIB, verification_bytes
+
+    cluster = two_by_two()
+    graph_def, ir = _batch_four("mlp")
+    plan = resolve(strategy("dp-nccl", ir, cluster, "dense_2"), ir, cluster)
+    compiled = compile_graphdef(graph_def, ir, cluster, plan)
+    variables = int(ir.variable_bytes.sum())
+    gradients = int(ir.parameters.gradient_bytes.sum())
+    expected = 4 * variables + 2 * 4 * gradients
+    assert verification_bytes(ir, compiled, double=False) == expected + GIB
+    assert verification_bytes(ir, compiled, double=True) == 2 * expected + GIB
