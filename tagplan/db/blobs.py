@@ -6,10 +6,10 @@ import hashlib
 import zlib
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tagplan.db.models import Blob
+from tagplan.db.session import add_once
 
 __all__ = ["digest_of", "get_blob", "put_blob"]
 
@@ -23,11 +23,7 @@ def put_blob(session: Session, data: bytes) -> str:
     """Store ``data`` once and return its digest (storing it again is a no-op)."""
     digest = digest_of(data)
     if session.get(Blob, digest) is None:
-        try:
-            with session.begin_nested():  # another writer may store the same bytes meanwhile
-                session.add(Blob(digest=digest, size_bytes=len(data), data=zlib.compress(data, 3)))
-        except IntegrityError:
-            pass
+        add_once(session, Blob(digest=digest, size_bytes=len(data), data=zlib.compress(data, 3)))
     return digest
 
 

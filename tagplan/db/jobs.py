@@ -12,13 +12,16 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tagplan.db.models import Job, JobStatus, JobStep, utcnow
+from tagplan.db.models import LIVE_STATUSES, Job, JobStatus, JobStep, utcnow
+from tagplan.db.session import insert_or_find
 
 __all__ = [
+    "add_job",
     "begin_step",
     "cancel_job",
     "finish_job",
     "is_finished",
+    "live_job",
     "record_progress",
     "save_step",
     "step_output",
@@ -26,6 +29,18 @@ __all__ = [
 ]
 
 _ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def live_job(session: Session, key: str) -> Job | None:
+    """The job queued, running or succeeded for ``key``, if any (there is at most one)."""
+    return session.scalar(select(Job).where(Job.key == key, Job.status.in_(LIVE_STATUSES)))
+
+
+def add_job(session: Session, job: Job) -> tuple[Job, bool]:
+    """Insert ``job`` unless a live job has its key; the live job and whether it existed.
+    Identical submissions arriving together miss each other's job on a read; the unique
+    index on live keys (``uq_jobs_live_key``) lets one insert win."""
+    return insert_or_find(session, job, lambda: live_job(session, job.key))
 
 
 def is_finished(session: Session, job_id: str) -> bool:

@@ -10,7 +10,18 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
@@ -44,6 +55,11 @@ class JobStatus(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+LIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+"""A job in these answers its key; a failed or cancelled one is retried by a new job."""
+LIVE = text("status IN ('queued', 'running', 'succeeded')")
 
 
 class Base(DeclarativeBase):
@@ -127,6 +143,11 @@ class Job(Base):
     latency_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     """Seconds from submission to the final status (the plan latency metric)."""
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        # one live job per key: identical submissions arriving together get one job
+        Index("uq_jobs_live_key", "key", unique=True, sqlite_where=LIVE, postgresql_where=LIVE),
+    )
 
 
 class JobStep(Base):

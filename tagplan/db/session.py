@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["engine_for", "session_scope"]
+__all__ = ["add_once", "engine_for", "insert_or_find", "session_scope"]
+
+RowT = TypeVar("RowT")
 
 
 @lru_cache(maxsize=8)
@@ -51,3 +54,32 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def insert_or_find(
+    session: Session, row: RowT, find: Callable[[], RowT | None]
+) -> tuple[RowT, bool]:
+    """Insert ``row`` unless ``find`` returns a stored row it stands for; the stored row
+    and whether it existed. A concurrent request may insert the same row between the look
+    and the insert: the database's unique constraint lets one win, and the loser returns
+    the winner's row instead of an error."""
+    stored = find()
+    if stored is not None:
+        return stored, True
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        stored = find()
+        if stored is None:  # another constraint failed: not a race for this row
+            raise
+        return stored, True
+    return row, False
+
+
+def add_once(session: Session, row: RowT) -> RowT:
+    """``row``, or the row stored under its primary key (content-addressed rows: graphs,
+    clusters, blobs)."""
+    kind = type(row)
+    key = inspect(kind).primary_key_from_instance(row)
+    return insert_or_find(session, row, lambda: session.get(kind, key))[0]

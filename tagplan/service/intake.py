@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from tagplan.db.blobs import digest_of, put_blob
 from tagplan.db.models import ClusterRow, GraphRow
+from tagplan.db.session import add_once
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import graph_fingerprint
 from tagplan.planner.graph.load import parse_graph_bytes
@@ -77,8 +78,7 @@ def store_graph(
             size_bytes=len(data),
             label=label[:200],
         )
-        session.add(row)
-        session.flush()
+        row = add_once(session, row)
     return row
 
 
@@ -121,14 +121,12 @@ def cluster_from_input(settings: Settings, value: str | dict[str, Any]) -> Loade
 
 def store_cluster(session: Session, loaded: LoadedCluster) -> ClusterRow:
     """Store a cluster once (by the digest of its spec)."""
-    row = session.get(ClusterRow, loaded.id)
-    if row is None:
-        row = ClusterRow(
+    return add_once(
+        session,
+        ClusterRow(
             id=loaded.id,
             fingerprint=loaded.fingerprint,
             spec=loaded.spec,
             num_gpus=loaded.cluster.num_devices,
-        )
-        session.add(row)
-        session.flush()
-    return row
+        ),
+    )

@@ -17,6 +17,7 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tagplan.db.jobs import add_job
 from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.problems import Problem
@@ -138,12 +139,6 @@ def submit(
     _check_profiles(session, options["profiles"])
     identity = [graph.fingerprint, batch_inputs, loss, cluster.id, body.batch_size, options]
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    live = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
-    existing = session.scalar(
-        select(Job).where(Job.key == key, Job.status.in_(live)).order_by(Job.created_at).limit(1)
-    )
-    if existing is not None:
-        return existing, True
     job = Job(
         id=str(uuid.uuid4()),
         key=key,
@@ -156,8 +151,10 @@ def submit(
         status=JobStatus.QUEUED,
         api_key_id=key_id,
     )
-    session.add(job)
+    job, existed = add_job(session, job)
     session.commit()
+    if existed:
+        return job, True
     try:
         enqueue_job(celery, job.id, options, margin_s=settings.time_limit_margin_s)
     except Exception as exc:  # broker down: the job must not stay queued forever
