@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     max_shards: int = Field(default=64, ge=1)
     rate_limit_per_minute: int = Field(default=600, gt=0)
     """Requests per API key and minute unless the key sets its own."""
+    rate_limit_url: str | None = None
+    """Redis holding the request windows every API process shares; default: the broker
+    when it is Redis, else each process counts its own (the embedded service)."""
     strategy_cache_ttl_s: float = Field(default=2.0, ge=0)
     """``GET /v1/strategies`` answers repeat queries from memory this long (0: never)."""
     allow_anonymous_loopback: bool = False

@@ -25,11 +25,12 @@ from tagplan.service.api.routes import (
     profiles,
     strategies,
 )
-from tagplan.service.auth import KeyCache, RateLimiter
+from tagplan.service.auth import KeyCache
 from tagplan.service.limits import BodySizeLimit
 from tagplan.service.memo import TtlCache
 from tagplan.service.metrics import ServiceMetrics
 from tagplan.service.problems import install_problem_handlers
+from tagplan.service.rate_limit import rate_limiter_for
 from tagplan.settings import Settings, get_settings
 from tagplan.workers.app import app as celery_app
 from tagplan.workers.embedded import EmbeddedWorker, requeue_unfinished
@@ -84,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = celery_app
     app.state.embedded_worker = None
     app.state.key_cache = KeyCache()
-    app.state.rate_limiter = RateLimiter()
+    app.state.rate_limiter = rate_limiter_for(settings)
     app.state.metrics = ServiceMetrics(settings.sqlalchemy_url)
     app.state.strategy_cache = TtlCache(settings.strategy_cache_ttl_s)
     install_problem_handlers(app)

@@ -1,4 +1,5 @@
-"""Who is calling: API keys with scopes, a per-key rate limit, and the loopback exception.
+"""Who is calling: API keys with scopes, a per-key rate limit (:mod:`.rate_limit`), and the
+loopback exception.
 
 Every route except the health probes depends on :func:`require` with a scope. A key is
 sent as ``Authorization: Bearer <token>`` or ``X-API-Key: <token>``. With
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -22,7 +22,7 @@ from tagplan.db.session import session_scope
 from tagplan.service.problems import Problem
 from tagplan.settings import Settings
 
-__all__ = ["KeyCache", "Principal", "RateLimiter", "require"]
+__all__ = ["KeyCache", "Principal", "require"]
 
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 KEY_CACHE_TTL_S = 10.0
@@ -66,30 +66,6 @@ class KeyCache:
             return Principal(row.id, expand_scopes(row.scopes.split()), row.rate_limit_per_minute)
 
 
-class RateLimiter:
-    """Sliding one-minute window of request times per key, in this API process."""
-
-    def __init__(self) -> None:
-        self._hits: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def check(self, key_id: str, limit: int) -> None:
-        """Count a request; 429 with ``Retry-After`` when the key is over its limit."""
-        now = time.monotonic()
-        with self._lock:
-            hits = self._hits.setdefault(key_id, deque())
-            while hits and now - hits[0] >= 60.0:
-                hits.popleft()
-            if len(hits) >= limit:
-                retry = max(1, int(60.0 - (now - hits[0])) + 1)
-                problem = Problem(
-                    429, f"rate limit of {limit} requests per minute exceeded for this key"
-                )
-                problem.headers["Retry-After"] = str(retry)
-                raise problem
-            hits.append(now)
-
-
 def _token(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
@@ -110,7 +86,7 @@ async def authenticate(request: Request) -> Principal:
     if principal is None:
         raise _unauthorized("the API key is unknown or revoked")
     limit = principal.rate_limit_per_minute or settings.rate_limit_per_minute
-    request.app.state.rate_limiter.check(principal.key_id, limit)
+    await request.app.state.rate_limiter.check(principal.key_id, limit)
     return principal
 
 
