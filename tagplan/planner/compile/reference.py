@@ -37,7 +37,9 @@ __all__ = [
 
 _REMAPPING_OFF = 2  # RewriterConfig.OFF
 _BATCH_BYTES = 256 << 20  # variable values moved in and out of a session per run
-_NOISE_GRADIENT = 1e-12  # a gradient element this small relative to the largest is rounding
+# a gradient element this small relative to the step's largest may be rounding (float64,
+# float32): some ten thousand and ten float epsilons
+_NOISE_GRADIENT = {True: 1e-12, False: 1e-6}
 _NOISE_FACTOR = 10.0  # such an element may move 10x as far as any such element of the reference
 
 
@@ -248,7 +250,7 @@ def run_reference(
             values = {name: list(s.values) for name, s in running.items()}
             gradients = _gradients(original.ir)
             loss, _, assigned, gradient = session.run([loss_node, train, values, gradients], fed)
-            noise = _noise(gradient)
+            noise = _noise(gradient, _NOISE_GRADIENT[double])
             del gradient
             _read_into(session, reads, updated, names)
     moved = (np.abs(updated.get(n) - initial.get(n))[mask] for n, mask in noise.items())
@@ -297,11 +299,11 @@ def _gradients(ir: GraphIR) -> dict[str, str]:
     return found
 
 
-def _noise(gradients: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _noise(gradients: Mapping[str, np.ndarray], threshold: float) -> dict[str, np.ndarray]:
     """Parameter -> mask of the elements whose gradient is zero up to rounding: at most
-    :data:`_NOISE_GRADIENT` times the largest gradient element of the step."""
+    ``threshold`` times the largest gradient element of the step."""
     scale = max((float(np.abs(g).max()) for g in gradients.values() if g.size), default=0.0)
-    masks = {name: np.abs(g) <= _NOISE_GRADIENT * scale for name, g in gradients.items()}
+    masks = {name: np.abs(g) <= threshold * scale for name, g in gradients.items()}
     return {name: mask for name, mask in masks.items() if mask.any()}
 
 

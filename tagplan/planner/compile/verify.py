@@ -41,6 +41,11 @@ floor of 10 times the largest move any such element makes in the original step. 
 optimizer slots keep the plain criterion (Adam's first moment is ``0.1 g``, compared to
 ``1e-12``), so a gradient the compiled graph gets wrong there still fails, and a real
 mistake moves the element by Adam's full step, orders of magnitude above the floor.
+In float32 the same rule holds with ``1e-6`` for ``1e-12`` (float32 rounds at ``6e-8``):
+BERT-Large under unequal batch shares has kernel elements whose gradient is ``2e-8``,
+rounding of sums of much larger terms, and Adam moves them ``1.5e-5`` apart, 1.5% of its
+step; the floor of such elements then reaches the step itself, so in float32 their
+slots carry the check.
 
 An element far smaller than its variable's largest is what is left of a sum that nearly
 cancelled: its rounding is that of the terms, not its own, and a different order of the
@@ -118,6 +123,7 @@ from typing import Any
 import numpy as np
 
 from tagplan.planner.compile.batchnorm import batch_norm_splits, running_copies
+from tagplan.planner.compile.compare import Tolerance, compare, largest_magnitude
 from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
 from tagplan.planner.compile.lowering import lower_for_cpu, to_float64
 from tagplan.planner.compile.reference import (
@@ -202,50 +208,33 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-    scale = np.abs(expected.astype(np.float64))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(diff == 0, 0.0, diff / scale)
-    return float(rel.max()) if rel.size else 0.0
-
-
-def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float | np.ndarray) -> bool:
-    if actual.shape != expected.shape:
-        return False
-    return bool(np.all(np.abs(actual - expected) <= atol + rtol * np.abs(expected)))
-
-
 def _check(
-    name: str,
-    replicas: list[tuple[str, np.ndarray, np.ndarray]],
-    tolerance: tuple[float, float | np.ndarray],
+    name: str, replicas: list[tuple[str, np.ndarray, np.ndarray]], tolerance: Tolerance
 ) -> tuple[VariableCheck, list[str]]:
     """Every replica ``(node, actual, expected)`` of variable ``name``."""
-    rtol, atol = tolerance
-    errors, absolute, scaled, problems = [], [], [], []
+    found, problems = [], []
     for node, actual, expected in replicas:
         if actual.shape != expected.shape:
             problems.append(f"{node}: shape {actual.shape} != {expected.shape}")
             continue
-        errors.append(_rel_error(actual, expected))
-        absolute.append(float(np.abs(actual - expected).max()) if actual.size else 0.0)
-        largest = float(np.abs(expected).max()) if expected.size else 0.0
-        scaled.append(absolute[-1] / largest if largest else (math.inf if absolute[-1] else 0.0))
-        if not _close(actual, expected, rtol, atol):
+        errors = compare(actual, expected, tolerance)
+        found.append(errors)
+        if not errors.close:
             problems.append(
-                f"{node}: max relative error {errors[-1]:.3g} > {rtol:g} "
-                f"(max absolute error {absolute[-1]:.3g})"
+                f"{node}: max relative error {errors.max_rel:.3g} > {tolerance.rtol:g} "
+                f"(max absolute error {errors.max_abs:.3g})"
             )
-    worst = [max(found, default=math.inf) for found in (absolute, errors, scaled)]
+    worst = [
+        max((getattr(e, field) for e in found), default=math.inf)
+        for field in ("max_abs", "max_rel", "scaled")
+    ]
     return VariableCheck(name, len(replicas), *worst, not problems), problems
 
 
 def _expected(
-    reference: Reference, compiled: DistributedGraph, name: str, tolerance: tuple[float, float]
-) -> tuple[list[np.ndarray], tuple[float, float | np.ndarray]]:
+    reference: Reference, compiled: DistributedGraph, name: str, rtol: float, atol: float
+) -> tuple[list[np.ndarray], Tolerance]:
     """The expected value of each copy of variable ``name``, and the tolerance."""
-    rtol, atol = tolerance
     expected = reference.updated.get(name)
     values = [expected] * len(compiled.device_map["variables"][name])
     running = reference.running.get(name)
@@ -254,13 +243,11 @@ def _expected(
         rows = dict(reference.splits)[statistic.forward]
         which = running_copies(reference.ir, compiled.placement, statistic, rows)
         values = [expected if k is None else per_replica[k] for k in which]
-    largest = float(np.abs(expected).max()) if expected.size else 0.0
-    scaled = max(atol, rtol * _CANCELLATION * largest)
-    floor: float | np.ndarray = scaled
+    floor = max(atol, rtol * _CANCELLATION * largest_magnitude(expected))
     mask = reference.noise.get(name)
-    if mask is not None and mask.shape == values[0].shape:
-        floor = np.where(mask, max(scaled, reference.noise_floor), scaled)
-    return values, (rtol, floor)
+    if mask is None or mask.shape != expected.shape:
+        return values, Tolerance(rtol, floor)
+    return values, Tolerance(rtol, floor, mask, reference.noise_floor)
 
 
 def _run_compiled(
@@ -273,7 +260,6 @@ def _run_compiled(
     atol: float,
     double: bool,
 ) -> VerifyReport:
-    tol = (rtol, atol)
     base = {
         "graph": reference.label,
         "strategy": label,
@@ -316,7 +302,7 @@ def _run_compiled(
                 for batch in batches(list(replicas), size.__getitem__):
                     values = session.run({n: reads[n] for name in batch for n in replicas[name]})
                     for name in batch:
-                        copies, tolerance = _expected(reference, compiled, name, tol)
+                        copies, tolerance = _expected(reference, compiled, name, rtol, atol)
                         found = list(
                             zip(
                                 replicas[name],
@@ -330,7 +316,8 @@ def _run_compiled(
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return VerifyReport(passed=False, problems=(f"TensorFlow: {message}",), **base)
     loss = float(loss)
-    loss_ok = _close(np.array(loss), np.array(reference.loss), rtol, atol)
+    loss_errors = compare(np.array(loss), np.array(reference.loss), Tolerance(rtol, atol))
+    loss_ok = loss_errors.close
     if not loss_ok:
         problems.append(f"loss {loss:.8g} != {reference.loss:.8g}")
     problems += [p for _, found in results for p in found]
@@ -339,7 +326,7 @@ def _run_compiled(
     return VerifyReport(
         passed=passed,
         loss_actual=loss,
-        loss_rel_error=_rel_error(np.array(loss), np.array(reference.loss)),
+        loss_rel_error=loss_errors.max_rel,
         variables=tuple(checks),
         problems=tuple(problems),
         **base,

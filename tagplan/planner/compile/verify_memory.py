@@ -20,18 +20,22 @@ _PROCESS_BYTES = GIB  # TensorFlow, both graphs and a batch of values moving
 def verification_bytes(ir: GraphIR, compiled: DistributedGraph, double: bool) -> int:
     """The peak of one verification of ``compiled``: every variable copy the compiled graph
     makes (parameters, optimizer slots, state), each parameter's gradient twice per
-    instance of the op computing it (computed, then summed), and 1 GiB for the process.
+    instance of the op computing it (computed, then summed), the largest variable's copies
+    read back with its expected value beside them, and 1 GiB for the process.
     The reference step holds less (one copy, one instance), and the initial and updated
     values wait on disk. Float64 doubles every floating-point byte. BERT-Large under
     DP-NCCL on two GPUs in float32: 14.1 GiB measured, 13.4 GiB estimated."""
     names = {name: op for op, name in enumerate(ir.op_names)}
     copies = compiled.device_map["variables"]
-    variables = sum(int(ir.variable_bytes[names[n]]) * len(copies[n]) for n in copies)
+    sizes = {n: int(ir.variable_bytes[names[n]]) for n in copies}
+    variables = sum(sizes[n] * len(copies[n]) for n in copies)
+    # the largest variable read back from every copy, next to its expected value
+    moving = max(((len(copies[n]) + 1) * sizes[n] for n in copies), default=0)
     params = ir.parameters
     producers = ir.tensor_producer[params.gradient_tensor]
     instances = np.diff(compiled.placement.inst_ptr)[producers]
     gradients = 2 * int((params.gradient_bytes * instances).sum())
-    return (variables + gradients) * (2 if double else 1) + _PROCESS_BYTES
+    return (variables + gradients + moving) * (2 if double else 1) + _PROCESS_BYTES
 
 
 def available_bytes() -> int | None:
