@@ -169,11 +169,8 @@ def _strategies(model: str, cluster_name: str, out: Path) -> dict[str, str]:
         found[kind] = str(path)
     mp = resolve(plans["model-parallel"], ir, cluster)
     used = {int(d) for d in mp.op_device if d >= 0}
-    sizes = {
-        "model_parallel_devices": len(used),
-        "head_ops": len(head),
-    }
-    (out / f"{model}-{cluster_name}-facts.json").write_text(json.dumps(sizes))
+    facts = {"model_parallel_devices": len(used)}
+    (out / f"{model}-{cluster_name}-facts.json").write_text(json.dumps(facts))
     return found
 
 
@@ -203,7 +200,7 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
                     killed = "timeout"
                 elif rss > budget:
                     killed = f"RSS over the {budget / GIB:.0f} GiB budget"
-                elif (available_bytes() or 1 << 62) < GIB and rss >= 2 * GIB:
+                elif _available_bytes() < GIB and rss >= 2 * GIB:
                     killed = f"machine memory under 1 GiB available, child at {rss / GIB:.1f} GiB"
                 if killed:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -212,7 +209,6 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
     return {
         "exit": proc.returncode,
         "killed": killed,
-        "rss_at_kill": rss,
         "wall_s": time.monotonic() - start,
         "peak_rss": usage.ru_maxrss * 1024,
         "stdout": log.with_suffix(".out").read_text(),
@@ -220,10 +216,15 @@ def _run(command: list[str], timeout: float, budget: int, log: Path) -> dict:
     }
 
 
+def _available_bytes() -> int:
+    found = available_bytes()
+    return found if found is not None else 1 << 62
+
+
 def _wait_for_memory(need: int, deadline: float) -> None:
     """Until the machine has ``need`` bytes available (at most five minutes)."""
     stop = min(time.time() + 300, deadline - 60)
-    while (available_bytes() or 1 << 62) < need and time.time() < stop:
+    while _available_bytes() < need and time.time() < stop:
         time.sleep(5)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from collections.abc import Iterator
@@ -51,3 +52,9 @@ def reset_redis() -> str:
     url = f"redis://{REDIS_HOST}:{REDIS_PORT}/13"
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+def environment_without_settings() -> dict[str, str]:
+    """This process's environment without ``TAGPLAN_*`` settings: a child service or
+    worker reads only the settings its test gives it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")}

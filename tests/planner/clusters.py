@@ -5,9 +5,16 @@ from __future__ import annotations
 from tagplan.planner.topology import Cluster, load_cluster
 
 
-def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None = None) -> Cluster:
-    """``machines`` machines of ``per_machine`` GPUs of ``kind``; with ``memory_gib``, a
-    made-up GPU type of that memory."""
+def gpus(
+    kind: str,
+    machines: int,
+    per_machine: int,
+    *,
+    memory_gib: float | None = None,
+    network_gbps: float = 25,
+) -> Cluster:
+    """``machines`` machines of ``per_machine`` GPUs of ``kind`` joined by ``network_gbps``;
+    with ``memory_gib``, a made-up GPU type of that memory."""
     spec: dict = {
         "machines": [
             {
@@ -17,7 +24,7 @@ def gpus(kind: str, machines: int, per_machine: int, *, memory_gib: float | None
             }
             for i in range(machines)
         ],
-        "network": {"bandwidth_gbps": 25},
+        "network": {"bandwidth_gbps": network_gbps},
     }
     if memory_gib is not None:
         spec["gpu_types"] = [

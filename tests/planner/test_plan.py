@@ -4,8 +4,6 @@ the baselines, infeasible inputs, and proof by execution of the returned plan.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +11,7 @@ from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
 from tagplan.planner.topology import load_cluster
 from tests.planner.clusters import gpus
+from tests.planner.compile.own_process import verify_many_apart
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
 
@@ -117,43 +116,12 @@ def test_bert_large_where_data_parallelism_runs_out_of_memory_gets_a_plan_that_f
 @pytest.mark.tf
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "small_cnn"])
-def test_the_returned_plan_computes_the_single_device_step(model, tmp_path) -> None:
-    spec = {
-        "machines": [
-            {
-                "name": f"m{i}",
-                "gpus": {"type": "GTX-1080Ti", "count": 1},
-                "intra_bandwidth_gbps": 96,
-            }
-            for i in range(2)
-        ],
-        "network": {"bandwidth_gbps": 25},
-    }
-    result = plan(zoo_ir(model, 4), load_cluster(spec), options=PlanOptions(iterations=20))
-    (tmp_path / "cluster.json").write_text(json.dumps(spec))
-    (tmp_path / "strategy.json").write_text(result.strategy.to_json())
+def test_the_returned_plan_computes_the_single_device_step(model) -> None:
+    cluster = gpus("GTX-1080Ti", 2, 1)
+    result = plan(zoo_ir(model, 4), cluster, options=PlanOptions(iterations=20))
     # its own process, so TensorFlow's memory goes back when it ends
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tagplan",
-            "verify",
-            f"zoo:{model}",
-            "-b",
-            "4",
-            "--json",
-            "-c",
-            str(tmp_path / "cluster.json"),
-            "-s",
-            str(tmp_path / "strategy.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert json.loads(run.stdout)["passed"] is True
+    (report,) = verify_many_apart(f"zoo:{model}", cluster, [result.strategy], batch_size=4)
+    assert report.passed is True, report.summary()
 
 
 def test_sfb_is_decided_for_the_best_baseline_too() -> None:
@@ -164,19 +132,7 @@ def test_sfb_is_decided_for_the_best_baseline_too() -> None:
     from tagplan.planner.search.sfb import apply_sfb
 
     ir = zoo_ir("vgg19", 4)
-    cluster = load_cluster(
-        {
-            "machines": [
-                {
-                    "name": f"m{i}",
-                    "gpus": {"type": "GTX-1080Ti", "count": 1},
-                    "intra_bandwidth_gbps": 96,
-                }
-                for i in range(2)
-            ],
-            "network": {"bandwidth_gbps": 100},
-        }
-    )
+    cluster = gpus("GTX-1080Ti", 2, 1, network_gbps=100)
     evaluator = Evaluator(ir, cluster)
     dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
     with_sfb, _ = apply_sfb(dp, ir, cluster, evaluator.costs)

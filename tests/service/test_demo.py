@@ -3,16 +3,17 @@ submitted over HTTP without a key, the summary printed, the service stopped."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.backends import environment_without_settings
+
 
 @pytest.mark.slow
 def test_demo_plans_a_zoo_model_and_exits() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")}
+    env = environment_without_settings()
     done = subprocess.run(
         [sys.executable, "-m", "tagplan", "demo", "--model", "mlp", "--budget-s", "2"],
         env=env,

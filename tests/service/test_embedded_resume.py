@@ -23,6 +23,7 @@ from tagplan.service.client import TagplanClient
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.schemas import PlanOptionsIn
 from tagplan.settings import Settings
+from tests.backends import environment_without_settings
 
 
 def _free_port() -> int:
@@ -57,7 +58,7 @@ def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
         )
         _, token = create_key(session, scopes=["read"])
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")}
+    env = environment_without_settings()
     env["TAGPLAN_DATA_DIR"] = str(tmp_path)
     server = subprocess.Popen(
         [sys.executable, "-m", "tagplan", "serve", "--port", str(port)],

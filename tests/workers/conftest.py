@@ -20,7 +20,7 @@ from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.session import session_scope
 from tagplan.service.client import TagplanClient
-from tests.backends import fresh_postgres_database, reset_redis
+from tests.backends import environment_without_settings, fresh_postgres_database, reset_redis
 
 VISIBILITY_TIMEOUT_S = 6
 """Short, so a task of a killed worker comes back within seconds."""
@@ -90,7 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _, token = create_key(session, scopes=["admin"], name="tests")
         port = _free_port()
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")},
+            **environment_without_settings(),
             "TAGPLAN_DATABASE_URL": database_url,
             "TAGPLAN_BROKER_URL": broker,
             "TAGPLAN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),

@@ -17,6 +17,7 @@ from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.models import Job
 from tagplan.db.session import session_scope
+from tests.backends import environment_without_settings
 
 
 def _free_port() -> int:
@@ -32,7 +33,7 @@ def test_broker_down(tmp_path: Path) -> None:
         _, token = create_key(session, scopes=["admin"])
     port = _free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")},
+        **environment_without_settings(),
         "TAGPLAN_DATABASE_URL": database_url,
         "TAGPLAN_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0",  # nothing listens
     }

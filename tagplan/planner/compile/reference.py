@@ -184,8 +184,14 @@ def assign_values(
         session.run([a[1] for a in batch], {a[0]: values[a[2]] for a in batch})
 
 
-def _variables(ir: GraphIR) -> list[str]:
-    return [ir.op_names[op] for op in range(ir.num_ops) if ir.op_types[op] in VARIABLE_OPS]
+def _variables(ir: GraphIR, double: bool) -> dict[str, int]:
+    """Every variable node and the bytes its value takes in the session."""
+    scale = 2 if double else 1
+    return {
+        ir.op_names[op]: scale * int(ir.variable_bytes[op])
+        for op in range(ir.num_ops)
+        if ir.op_types[op] in VARIABLE_OPS
+    }
 
 
 def load_original(
@@ -226,7 +232,8 @@ def run_reference(
     graph_def, running = original.graph_def, {}
     if splits:
         graph_def, running = per_replica_statistics(graph_def, original.ir, dict(splits))
-    names = _variables(original.ir)
+    sizes = _variables(original.ir, double)
+    names = list(sizes)
     with tf.Graph().as_default() as graph:
         runnable = to_float64(graph_def) if double else graph_def
         tf.compat.v1.import_graph_def(
@@ -243,7 +250,7 @@ def run_reference(
             initial = original.initial
             if first:
                 session.run(original.init)
-                _read_into(session, reads, initial, names)
+                _read_into(session, reads, initial, sizes)
             assign_values(session, assigns, initial)
             fed = {f"{name}:0": value for name, value in original.feed.items()}
             loss_node = f"{original.ir.op_names[original.ir.loss_op]}:0"
@@ -252,7 +259,7 @@ def run_reference(
             loss, _, assigned, gradient = session.run([loss_node, train, values, gradients], fed)
             noise = _noise(gradient, _NOISE_GRADIENT[double])
             del gradient
-            _read_into(session, reads, updated, names)
+            _read_into(session, reads, updated, sizes)
     moved = (np.abs(updated.get(n) - initial.get(n))[mask] for n, mask in noise.items())
     floor = _NOISE_FACTOR * max((float(m.max()) for m in moved if m.size), default=0.0)
     return Reference(
@@ -273,19 +280,13 @@ def run_reference(
     )
 
 
-def _read_into(session: Any, reads: Mapping[str, Any], store: ValueStore, names: list[str]) -> None:
-    """The values of variables ``names`` into ``store``, a batch of them per run."""
-    sizes = {name: _nbytes(reads[name]) for name in names}
-    for batch in batches(names, sizes.__getitem__):
+def _read_into(
+    session: Any, reads: Mapping[str, Any], store: ValueStore, sizes: Mapping[str, int]
+) -> None:
+    """The values of the variables of ``sizes`` into ``store``, a batch of them per run."""
+    for batch in batches(list(sizes), sizes.__getitem__):
         for name, value in session.run({n: reads[n] for n in batch}).items():
             store.put(name, value)
-
-
-def _nbytes(tensor: Any) -> int:
-    shape = tensor.shape
-    if not shape.is_fully_defined():
-        return _BATCH_BYTES  # read alone
-    return int(np.prod(shape.as_list(), dtype=np.int64)) * tensor.dtype.size
 
 
 def _gradients(ir: GraphIR) -> dict[str, str]:
