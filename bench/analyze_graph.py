@@ -1,4 +1,4 @@
-"""Import + analyze time of zoo graphs (bar: BERT-Large <= 10 s, DESIGN.md §10).
+"""Import + analyze time of zoo graphs (bar: BERT-Large <= 10 s, docs/design.md §10).
 
 Each run is a fresh Python process doing what ``tagplan analyze`` does — import the
 package, read and parse the gzip GraphDef, analyze — so interpreter and import costs

@@ -33,7 +33,7 @@ from tagplan.planner.topology import GpuTypeSpec, gpu_type_table, load_cluster
 PROFILES = Path(__file__).resolve().parent / "profiles"
 TOP = 20
 
-# NVIDIA DeepLearningExamples, TensorFlow/Classification/ConvNets/resnet50v1.5/README.md,
+# NVIDIA DeepLearningExamples, the README of ResNet-50 v1.5 for TensorFlow,
 # "Training performance results" (TensorFlow 20.06-tf1-py3 container), 1 GPU:
 # DGX-1 V100 16GB, FP32 + XLA, batch 128: 412 img/s; DGX A100 40GB, TF32 + XLA, batch 256:
 # 909 img/s. (TF32 runs convolutions on tensor cores; our A100 entry uses the FP32 peak.)
@@ -47,6 +47,7 @@ def cpu_spec() -> GpuTypeSpec:
         fp32_tflops=peaks.fp32_flops / 1e12,
         memory_bandwidth_gb_per_s=peaks.memory_bandwidth_bytes_per_s / 1e9,
         memory_gib=16,
+        winograd=False,
         source="measured by bench/calibrate_cost.py on the benchmark machine",
     )
 

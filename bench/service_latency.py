@@ -309,7 +309,7 @@ def main() -> None:
         "2 s warm-up at its rate; GET rows show the median over repeated runs and the worst "
         "run. *uncached*: a second server with "
         "`TAGPLAN_STRATEGY_CACHE_TTL_S=0`, every request reads PostgreSQL (and remaps). "
-        "Bar (DESIGN.md §10): cached strategy GET p99 <= 20 ms at 200 req/s. Load average "
+        "Bar (docs/design.md §10): cached strategy GET p99 <= 20 ms at 200 req/s. Load average "
         f"before the runs: {load_before} (the machine is shared with other work; servers and "
         f"load ran at niceness {os.getpriority(os.PRIO_PROCESS, 0)}).\n\n{table}\n"
     )

@@ -6,7 +6,10 @@ last one to the next device (ring order) over its uplink and that device's downl
 it feeds the first task of the next layer. Every task produces one buffer read by its
 successors. Reported: the median over the timed runs of ``num_tasks / wall time`` for
 :func:`simulate` (schedule, memory, feedback) in FIFO and in priority mode, and for the
-compiled scheduling loop alone. The JIT warms up on a small graph first.
+compiled scheduling loop alone, with links shared (the default) and held exclusively;
+and the shared loop on the *incast* variant, where in each layer every device sends to
+one device (``layer mod 16``), so 16 flows share its downlink. The JIT warms up on a
+small graph first.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 
 from bench.report import write_section
 from tagplan.planner.sim import engine
-from tagplan.planner.sim.simulate import simulate, upward_rank
+from tagplan.planner.sim.simulate import LINK_MODELS, LinkModel, simulate, upward_rank
 from tagplan.planner.sim.taskgraph import COMPUTE, TRANSFER, TaskGraph
 
 
@@ -31,8 +34,11 @@ def _csr(src: np.ndarray, dst: np.ndarray, rows: int) -> tuple[np.ndarray, np.nd
     return ptr, dst[order].astype(np.int32)
 
 
-def synthetic_step(layers: int, *, devices: int = 16, width: int = 4, seed: int = 0) -> TaskGraph:
-    """Layers of compute tasks on ``devices`` devices with ring transfers between them."""
+def synthetic_step(
+    layers: int, *, devices: int = 16, width: int = 4, seed: int = 0, incast: bool = False
+) -> TaskGraph:
+    """Layers of compute tasks on ``devices`` devices with ring transfers between them (or,
+    with ``incast``, transfers from every device to device ``layer mod devices``)."""
     rng = np.random.default_rng(seed)
     per_layer = devices * width + devices
     n = layers * per_layer
@@ -47,20 +53,26 @@ def synthetic_step(layers: int, *, devices: int = 16, width: int = 4, seed: int 
     device = np.full(n, -1, dtype=np.int32)
     device[comp] = d[None, :, None]
     duration = np.where(kind == COMPUTE, rng.uniform(1e-4, 1e-3, n), rng.uniform(1e-4, 2e-3, n))
-    nxt = (d + 1) % devices
+    nxt = np.broadcast_to((d + 1) % devices, (layers, devices))
+    if incast:
+        nxt = np.broadcast_to((np.arange(layers) % devices)[:, None], (layers, devices))
     # Links: 0..devices-1 uplinks, devices..2*devices-1 downlinks.
     link_ptr = np.zeros(n + 1, dtype=np.int32)
     link_ptr[1:] = np.cumsum(np.where(kind == TRANSFER, 2, 0))
     link_index = np.zeros(link_ptr[-1], dtype=np.int32)
     starts = link_ptr[xfer.ravel()]
     link_index[starts] = np.broadcast_to(d, xfer.shape).ravel()
-    link_index[starts + 1] = np.broadcast_to(devices + nxt, xfer.shape).ravel()
+    link_index[starts + 1] = (devices + nxt).ravel()
     src = [comp[:-1].ravel(), comp[:, :, -1].ravel(), xfer[:-1].ravel()]
-    dst = [comp[1:].ravel(), xfer.ravel(), comp[1:, nxt, 0].ravel()]
+    dst = [
+        comp[1:].ravel(),
+        xfer.ravel(),
+        comp[1:, :, 0][np.arange(layers - 1)[:, None], nxt[:-1]].ravel(),
+    ]
     src_all, dst_all = np.concatenate(src), np.concatenate(dst)
     succ_ptr, succ_index = _csr(src_all, dst_all, n)
     buffer_device = device.copy()
-    buffer_device[xfer] = nxt[None, :]
+    buffer_device[xfer] = nxt
     return TaskGraph(
         num_devices=devices,
         num_links=2 * devices,
@@ -70,8 +82,10 @@ def synthetic_step(layers: int, *, devices: int = 16, width: int = 4, seed: int 
         task_priority=np.zeros(n),
         task_group=(np.arange(n) // per_layer).astype(np.int32),
         task_bytes=np.where(kind == TRANSFER, 1 << 20, 0).astype(np.int64),
+        task_latency_s=np.where(kind == TRANSFER, 1e-5, 0.0),
         link_ptr=link_ptr,
         link_index=link_index,
+        link_share=np.ones(len(link_index)),
         succ_ptr=succ_ptr,
         succ_index=succ_index,
         buffer_device=buffer_device,
@@ -92,69 +106,85 @@ def _median_rate(n: int, fn: Callable[[], object], runs: int) -> float:
     return n / statistics.median(times)
 
 
+def _rates(tg: TaskGraph, runs: int, link_model: LinkModel) -> dict[str, float]:
+    """M tasks/s of ``simulate`` and of the loop alone, FIFO and by upward rank."""
+    n = tg.num_tasks
+    shared = link_model == "shared"
+    arrays = (
+        tg.task_kind,
+        tg.task_device,
+        tg.task_duration_s,
+        tg.task_latency_s,
+        tg.task_priority,
+        tg.link_ptr,
+        tg.link_index,
+        tg.link_share,
+        tg.succ_ptr,
+        tg.succ_index,
+        tg.num_devices,
+        tg.num_links,
+    )
+    tg.task_priority[:] = 0.0
+    found = {
+        "simulate, FIFO": _median_rate(n, lambda: simulate(tg, link_model=link_model), runs),
+        "loop, FIFO": _median_rate(n, lambda: engine.schedule(*arrays, False, shared), runs),
+    }
+    tg.task_priority[:] = upward_rank(tg)
+    found["simulate, priority"] = _median_rate(
+        n, lambda: simulate(tg, use_priority=True, link_model=link_model), runs
+    )
+    found["loop, priority"] = _median_rate(n, lambda: engine.schedule(*arrays, True, shared), runs)
+    return {k: v / 1e6 for k, v in found.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=25_000, help="80 tasks per layer")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    small = synthetic_step(10)
-    simulate(small)
-    simulate(small, use_priority=True)
+    for model in LINK_MODELS:
+        for incast in (False, True):
+            small = synthetic_step(10, incast=incast)
+            simulate(small, link_model=model)
+            simulate(small, use_priority=True, link_model=model)
+    upward_rank(small)
     t0 = time.perf_counter()
     tg = synthetic_step(args.layers)
     build_s = time.perf_counter() - t0
     n = tg.num_tasks
     print(f"tasks: {n:,}  edges: {len(tg.succ_index):,}  buffers: {tg.num_buffers:,}")
     print(f"graph built in {build_s:.2f} s")
-    arrays = (
-        tg.task_kind,
-        tg.task_device,
-        tg.task_duration_s,
-        tg.task_priority,
-        tg.link_ptr,
-        tg.link_index,
-        tg.succ_ptr,
-        tg.succ_index,
-        tg.num_devices,
-        tg.num_links,
-    )
-    fifo_loop = _median_rate(n, lambda: engine.schedule(*arrays, False), args.runs)
-    fifo = _median_rate(n, lambda: simulate(tg), args.runs)
     t0 = time.perf_counter()
-    tg.task_priority[:] = upward_rank(tg)
+    upward_rank(tg)
     rank_s = time.perf_counter() - t0
-    prio_loop = _median_rate(n, lambda: engine.schedule(*arrays, True), args.runs)
-    prio = _median_rate(n, lambda: simulate(tg, use_priority=True), args.runs)
-    result = simulate(tg)
-    print(f"step time: {result.step_time_s:.3f} s (FIFO)")
-    print(f"simulate, FIFO:          {fifo / 1e6:6.2f} M tasks/s (median of {args.runs})")
-    print(f"simulate, priority:      {prio / 1e6:6.2f} M tasks/s")
-    print(f"scheduling loop, FIFO:     {fifo_loop / 1e6:6.2f} M tasks/s")
-    print(f"scheduling loop, priority: {prio_loop / 1e6:6.2f} M tasks/s")
-    print(f"upward rank: {rank_s:.3f} s")
-    body = "\n".join(
-        [
-            f"Synthetic step: {n:,} tasks ({args.layers:,} layers of compute tasks on 16 devices "
-            f"with ring transfers holding two links each), {len(tg.succ_index):,} edges, "
-            f"{tg.num_buffers:,} buffers. Median of {args.runs} runs after the JIT warm-up, "
-            "one core.",
-            "",
-            "| what | M tasks/s |",
-            "| --- | ---: |",
-            f"| `simulate`, FIFO (schedule + memory + group feedback) | {fifo / 1e6:.2f} |",
-            f"| `simulate`, upward-rank priority | {prio / 1e6:.2f} |",
-            f"| scheduling loop only, FIFO | {fifo_loop / 1e6:.2f} |",
-            f"| scheduling loop only, priority | {prio_loop / 1e6:.2f} |",
-            "",
-            f"Upward rank of the whole graph: {rank_s:.3f} s. Bar: >= 1 M tasks/s.",
-        ]
-    )
+    rows = {
+        "ring, shared links": _rates(tg, args.runs, "shared"),
+        "ring, exclusive links": _rates(tg, args.runs, "exclusive"),
+        "incast, shared links": _rates(
+            synthetic_step(args.layers, incast=True), args.runs, "shared"
+        ),
+    }
+    columns = ["simulate, FIFO", "simulate, priority", "loop, FIFO", "loop, priority"]
+    lines = [
+        f"Synthetic step: {n:,} tasks ({args.layers:,} layers of compute tasks on 16 devices "
+        f"with a transfer over two links from each device per layer: to the next device "
+        f"(ring) or all to one device (incast)), {len(tg.succ_index):,} edges, "
+        f"{tg.num_buffers:,} buffers. M tasks/s, median of {args.runs} runs after the JIT "
+        "warm-up, one core; `simulate` includes memory and group feedback.",
+        "",
+        "| graph, link model | " + " | ".join(columns) + " |",
+        "| --- |" + " ---: |" * len(columns),
+    ]
+    for name, found in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{found[c]:.2f}" for c in columns) + " |")
+        print(name, {c: round(found[c], 2) for c in columns})
+    lines += ["", f"Upward rank of the whole graph: {rank_s:.3f} s. Bar: >= 1 M tasks/s."]
     write_section(
         "sim-throughput",
         "Simulator throughput",
         f"python -m bench.sim_throughput --layers {args.layers} --runs {args.runs}",
-        body,
+        "\n".join(lines),
     )
 
 

@@ -2,7 +2,7 @@
 
 Six zoo models (VGG19, ResNet-101, Inception-v3, Transformer, BERT-Small, BERT-Large) x
 six strategy kinds, each verified by running the compiled distributed step and the
-single-device step for one step in TensorFlow on virtual CPU devices (DESIGN.md §5):
+single-device step for one step in TensorFlow on virtual CPU devices (docs/design.md §5):
 
 * ``dp-nccl``: the DP-NCCL baseline, every GPU, equal shares, AllReduce;
 * ``dp-ps``: the DP-PS baseline, parameters spread over every GPU as parameter servers;
@@ -387,7 +387,7 @@ def _table(outcomes: dict[tuple[str, str], Outcome], args: argparse.Namespace) -
         "(their absolute errors are around 1e-16 and 1e-41); in ResNet-101 and Inception-v3 "
         "a bias added right before a batch norm also has a zero gradient and Adam moves it "
         "by amplified rounding noise, which verify compares with its noise floor "
-        "(DESIGN.md §5, `verify.py`; its slots keep the plain criterion). The worst "
+        "(docs/design.md §5, `verify.py`; its slots keep the plain criterion). The worst "
         "absolute error is over every element. "
         f"Timeout {args.timeout:.0f} s per verification.\n\n"
         f"{passed} of {len(MODELS) * len(KINDS)} pass.\n\n" + "\n".join(lines)

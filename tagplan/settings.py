@@ -1,4 +1,4 @@
-"""Service and worker configuration from ``TAGPLAN_*`` environment variables (DESIGN.md §9).
+"""Service and worker configuration from ``TAGPLAN_*`` environment variables (docs/design.md §9).
 
 One :class:`Settings` shared by the API, the workers and the migrations, built on demand by
 :func:`get_settings` (cached; tests clear the cache after changing the environment), never at
@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
 
+KIB = 1 << 10
 MIB = 1 << 20
 
 
@@ -38,6 +39,9 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=1, ge=1)
 
     max_request_bytes: int = Field(default=64 * MIB, gt=0)
+    max_header_bytes: int = Field(default=16 * KIB, gt=0)
+    """Request line and headers: uvicorn's h11 parser buffers no more of an unfinished head
+    (``tagplan serve``), and the service refuses a longer one with 431."""
     max_graph_bytes: int = Field(default=512 * MIB, gt=0)
     """Decompressed graph size."""
     max_ops: int = Field(default=200_000, gt=0)

@@ -12,6 +12,7 @@ from tagplan.cli import (
     keys,
     plan,
     profile,
+    run,
     service,
     simulate,
     zoo,
@@ -31,6 +32,7 @@ app.command("simulate")(simulate.simulate_command)
 app.command("compile")(compile.compile_command)
 app.command("verify")(compile.verify_command)
 app.command("plan")(plan.plan_command)
+app.command("run")(run.run_command)
 app.command("profile")(profile.profile_command)
 app.command("profile-comm")(profile.profile_comm_command)
 app.add_typer(zoo.app, name="zoo")

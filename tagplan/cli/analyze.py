@@ -9,25 +9,23 @@ import typer
 from rich.table import Table
 
 from tagplan.cli.common import (
+    BatchInputOption,
     BatchSizeOption,
     GraphArgument,
+    LossOption,
     analyze_source,
     console,
     print_json,
     user_errors,
 )
+from tagplan.planner.cost.work import graph_work
 
 
 def analyze_command(
     graph: GraphArgument,
     batch_size: BatchSizeOption = None,
-    loss: Annotated[
-        str | None, typer.Option(help="Name of the loss node (default: 'loss').")
-    ] = None,
-    batch_input: Annotated[
-        list[str] | None,
-        typer.Option("--batch-input", help="A node feeding training data (repeatable)."),
-    ] = None,
+    loss: LossOption = None,
+    batch_input: BatchInputOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Import and analyze a training graph: ops, tensors, parameters, split categories."""
@@ -35,6 +33,9 @@ def analyze_command(
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
     summary = ir.summary()
     summary["source"] = source.label
+    formulas = zip(ir.op_types, graph_work(ir).formula, strict=True)
+    without = Counter(op_type for op_type, formula in formulas if formula == "fallback")
+    summary["no_cost_formula"] = dict(sorted(without.items()))
     if as_json:
         print_json(summary)
         return
@@ -57,6 +58,12 @@ def analyze_command(
     console.print(table)
     top = Counter(ir.op_types).most_common(8)
     console.print("most frequent op types: " + ", ".join(f"{t} {n}" for t, n in top))
+    if summary["no_cost_formula"]:
+        listed = ", ".join(f"{t} {n}" for t, n in summary["no_cost_formula"].items())
+        console.print(
+            f"[yellow]op types without a cost formula (estimated from the bytes they move):[/] "
+            f"{listed}"
+        )
     if ir.unknown_op_types:
         console.print(
             f"[yellow]op types TensorFlow does not know (category none):[/] "

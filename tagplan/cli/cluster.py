@@ -1,4 +1,4 @@
-"""``tagplan cluster``: a GPU allocation as the planner sees it (DESIGN.md §2)."""
+"""``tagplan cluster``: a GPU allocation as the planner sees it (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,8 +19,10 @@ from tagplan.planner.graph.source import GraphSource, load_graph_source
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "BatchInputOption",
     "BatchSizeOption",
     "GraphArgument",
+    "LossOption",
     "analyze_source",
     "console",
     "print_json",
@@ -29,6 +32,17 @@ __all__ = [
 GraphArgument = Annotated[str, typer.Argument(help="Graph file (GraphDef or JSON) or zoo:NAME.")]
 BatchSizeOption = Annotated[
     int | None, typer.Option("--batch-size", "-b", help="Job batch size (default: the graph's).")
+]
+
+LossOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Name of the loss node (default: 'loss', else the one scalar the step returns)."
+    ),
+]
+BatchInputOption = Annotated[
+    list[str] | None,
+    typer.Option("--batch-input", help="A node feeding training data (repeatable)."),
 ]
 
 EXIT_BAD_INPUT = 2
@@ -47,9 +61,21 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (an infinite relative error, a NaN) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def print_json(document: Any) -> None:
-    """Machine-readable output: one JSON object on stdout."""
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    """Machine-readable output: one JSON object on stdout, strict JSON (RFC 8259): a number
+    that is infinite or not a number is written as ``null``."""
+    sys.stdout.write(json.dumps(_finite(document), indent=2, allow_nan=False) + "\n")
 
 
 def analyze_source(
@@ -59,7 +85,8 @@ def analyze_source(
     loss: str | None = None,
     batch_inputs: list[str] | None = None,
 ) -> tuple[GraphSource, GraphIR]:
-    """Load ``graph`` (a path or ``zoo:NAME``) and analyze it at ``batch_size``."""
+    """Load ``graph`` (a path or ``zoo:NAME``) and analyze it at ``batch_size``; say on
+    stderr when no loss was found."""
     source = load_graph_source(graph)
     ir = analyze(
         source.graph_def,
@@ -67,4 +94,11 @@ def analyze_source(
         batch_inputs=batch_inputs or source.batch_inputs,
         loss=loss or source.loss,
     )
+    if ir.loss_op < 0:
+        error_console.print(
+            f"[yellow]warning:[/] no loss found in {source.label}: name it with --loss (the "
+            "plan, its compiled graph and verification need it)",
+            highlight=False,
+            soft_wrap=True,
+        )
     return source, ir

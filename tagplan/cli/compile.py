@@ -1,5 +1,5 @@
 """``tagplan compile`` and ``tagplan verify``: the distributed GraphDef of a strategy, and
-its proof by execution (DESIGN.md §5)."""
+its proof by execution (docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Annotated
 import typer
 
 from tagplan.cli.common import (
+    BatchInputOption,
     BatchSizeOption,
     GraphArgument,
+    LossOption,
     analyze_source,
     console,
     print_json,
@@ -19,9 +21,14 @@ from tagplan.cli.common import (
 )
 from tagplan.cli.simulate import load_strategy_argument
 from tagplan.planner.compile.graphdef import compile_graphdef
+from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.source import ZOO_PREFIX
 from tagplan.planner.strategy import resolve
 from tagplan.planner.topology import load_cluster
+
+DEFAULT_VERIFY_BATCH = 4
+"""The small batch a zoo model is rebuilt at to verify."""
 
 ClusterOption = Annotated[str, typer.Option("--cluster", "-c", help="Cluster file or name.")]
 StrategyOption = Annotated[
@@ -35,10 +42,12 @@ def compile_command(
     strategy: StrategyOption,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")],
     batch_size: BatchSizeOption = None,
+    loss: LossOption = None,
+    batch_input: BatchInputOption = None,
 ) -> None:
     """Write the placed distributed GraphDef (distributed.pb) and its device map."""
     with user_errors():
-        source, ir = analyze_source(graph, batch_size)
+        source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         evaluator = Evaluator(ir, load_cluster(cluster))
         chosen = load_strategy_argument(strategy, evaluator)
         resolved = resolve(chosen, ir, evaluator.cluster)
@@ -59,8 +68,15 @@ def verify_command(
     cluster: ClusterOption,
     strategy: StrategyOption,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", help="Small batch to run both graphs at.")
-    ] = 4,
+        int | None,
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            help="Small batch to run both graphs at (zoo models; default 4). A graph file "
+            "runs at the batch it was built for.",
+        ),
+    ] = None,
     rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-4,
     precision: Annotated[
         str, typer.Option(help="float64 (default: rounding-order free) or float32.")
@@ -81,14 +97,20 @@ def verify_command(
     with user_errors():
         from tagplan.planner.compile.verify import verify
 
-        _, ir = analyze_source(graph, batch_size)
+        zoo = graph.startswith(ZOO_PREFIX)
+        source, ir = analyze_source(graph, (batch_size or DEFAULT_VERIFY_BATCH) if zoo else None)
+        if not zoo and batch_size not in (None, ir.graph_batch_size):
+            raise InvalidInput(
+                f"{source.label} was built for batch {ir.graph_batch_size} and runs at it: its "
+                f"batch-dependent constants cannot be rebuilt at {batch_size} (omit --batch-size)"
+            )
         evaluator = Evaluator(ir, load_cluster(cluster))
         chosen = load_strategy_argument(strategy, evaluator)
         report = verify(
             graph,
             evaluator.cluster,
             chosen,
-            batch_size=batch_size,
+            batch_size=ir.batch_size,
             rtol=rtol,
             atol=atol,
             precision=precision,

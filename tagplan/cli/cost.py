@@ -11,8 +11,10 @@ import typer
 from rich.table import Table
 
 from tagplan.cli.common import (
+    BatchInputOption,
     BatchSizeOption,
     GraphArgument,
+    LossOption,
     analyze_source,
     console,
     print_json,
@@ -33,6 +35,8 @@ def cost_command(
     graph: GraphArgument,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU type from the catalog, e.g. V100-32GB.")],
     batch_size: BatchSizeOption = None,
+    loss: LossOption = None,
+    batch_input: BatchInputOption = None,
     profile: Annotated[
         list[Path] | None,
         typer.Option("--profile", help="Profile file from `tagplan profile` (repeatable)."),
@@ -42,7 +46,7 @@ def cost_command(
 ) -> None:
     """Compute time, the most expensive ops and memory of one step on a single GPU."""
     with user_errors():
-        source, ir = analyze_source(graph, batch_size)
+        source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         loaded = [load_profile(path) for path in profile or []]
         model = OpCostModel(ir, profiles=InMemoryProfileSource(loaded) if loaded else None)
         for entry in loaded:  # a profile must be of a GPU type the planner knows

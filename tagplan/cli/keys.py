@@ -12,6 +12,7 @@ from tagplan.db.keys import SCOPES, create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.models import ApiKey, utcnow
 from tagplan.db.session import session_scope
+from tagplan.service.schemas import INT32_MAX
 from tagplan.settings import get_settings
 
 app = typer.Typer(help="API keys (stored hashed; the token is shown once).", no_args_is_help=True)
@@ -31,18 +32,30 @@ def create_command(
     ],
     name: Annotated[str, typer.Option(help="What the key is for.")] = "",
     rate_limit: Annotated[
-        int | None, typer.Option(help="Requests per minute (default: the service's).")
+        int | None,
+        typer.Option(min=1, max=INT32_MAX, help="Requests per minute (default: the service's)."),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="The tenant (team, project) whose jobs and uploads the key shares; "
+            "default: a tenant of its own."
+        ),
     ] = None,
 ) -> None:
     """Create a key and print its token (keep it: only its hash is stored)."""
     try:
         with session_scope(_url()) as session:
-            row, token = create_key(session, scopes=scope, name=name, rate_limit=rate_limit)
-            scopes = row.scopes
+            row, token = create_key(
+                session, scopes=scope, name=name, rate_limit=rate_limit, tenant=tenant
+            )
+            scopes, owner = row.scopes, row.tenant
     except ValueError as exc:
         error_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    error_console.print(f"created key {row.id} with scopes: {scopes}", highlight=False)
+    error_console.print(
+        f"created key {row.id} of tenant {owner} with scopes: {scopes}", highlight=False
+    )
     console.print(token, highlight=False, soft_wrap=True)
 
 
@@ -56,6 +69,7 @@ def list_command() -> None:
                 {
                     "id": r.id,
                     "name": r.name,
+                    "tenant": r.tenant,
                     "scopes": r.scopes.split(),
                     "rate_limit_per_minute": r.rate_limit_per_minute,
                     "revoked": r.revoked_at is not None,

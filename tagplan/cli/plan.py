@@ -10,13 +10,16 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tagplan.cli.common import (
+    BatchInputOption,
     BatchSizeOption,
     GraphArgument,
+    LossOption,
     analyze_source,
     console,
     print_json,
     user_errors,
 )
+from tagplan.planner.budget import Deadline
 from tagplan.planner.plan import PlanOptions, PlanProgress, plan
 from tagplan.planner.topology import load_cluster
 
@@ -36,6 +39,8 @@ def plan_command(
     graph: GraphArgument,
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster file or name.")],
     batch_size: BatchSizeOption = None,
+    loss: LossOption = None,
+    batch_input: BatchInputOption = None,
     budget_s: Annotated[
         float, typer.Option("--budget-s", help="Wall-clock budget of the whole plan.")
     ] = 60.0,
@@ -60,11 +65,12 @@ def plan_command(
     """Plan a graph on a cluster: MCTS over op groups, SFB, compile; compared with every
     baseline and the lower bound."""
     with user_errors():
-        source, ir = analyze_source(graph, batch_size)
-        target = load_cluster(cluster)
         options = PlanOptions(
             budget_s=budget_s, iterations=iterations, seed=seed, sfb=sfb, shards=shards
         )
+        deadline = Deadline.after(budget_s)  # reading and analyzing the graph count too
+        source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
+        target = load_cluster(cluster)
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -91,12 +97,13 @@ def plan_command(
                 graph_def=source.graph_def if out is not None else None,
                 options=options,
                 progress=show,
+                deadline=deadline,
             )
     if out is not None:
         _write_outputs(out, result, source.label)
     if as_json:
         document = {"graph": source.label, "cluster": cluster, "batch_size": ir.batch_size}
-        print_json(document | {k: v for k, v in result.summary().items() if k != "strategy"})
+        print_json(document | result.summary())
         return
     console.print(result.report_markdown(f"{source.label} on {cluster}"), highlight=False)
     if out is not None:

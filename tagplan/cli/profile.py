@@ -65,7 +65,8 @@ def profile_comm_command(
 ) -> None:
     """Measure point-to-point and AllReduce transfers and fit segmented-linear models."""
     with user_errors():
-        from tagplan.planner.cost.comm_profiler import profile_comm, save_comm_profile
+        from tagplan.planner.cost.comm_profile import save_comm_profile
+        from tagplan.planner.cost.comm_profiler import profile_comm
 
         with console.status(f"measuring transfers among {devices} devices"):
             profile = profile_comm(

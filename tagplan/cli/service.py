@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from tagplan.cli.common import EXIT_BAD_INPUT, console, error_console, print_json
-from tagplan.service.client import TagplanClient, TagplanError
+from tagplan.service.client import ServiceUnreachable, TagplanClient, TagplanError
 from tagplan.settings import get_settings
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
@@ -33,6 +33,12 @@ def _embedded_env(data_dir: Path | None, anonymous: bool) -> None:
     if anonymous:
         os.environ["TAGPLAN_ALLOW_ANONYMOUS_LOOPBACK"] = "true"
     get_settings.cache_clear()
+
+
+def _http_options() -> dict[str, Any]:
+    """uvicorn's h11 parser with the head limit: httptools, uvicorn's other parser, buffers
+    headers of any size."""
+    return {"http": "h11", "h11_max_incomplete_event_size": get_settings().max_header_bytes}
 
 
 def serve_command(
@@ -59,7 +65,14 @@ def serve_command(
         error_console.print("error: --allow-anonymous-loopback needs a loopback --host")
         raise typer.Exit(EXIT_BAD_INPUT)
     _embedded_env(data_dir, allow_anonymous_loopback)
-    uvicorn.run(create_app(), host=host, port=port, log_level="info", access_log=access_log)
+    uvicorn.run(
+        create_app(),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+        **_http_options(),
+    )
 
 
 def worker_command(
@@ -89,10 +102,10 @@ def format_summary(job: dict[str, Any], result: dict[str, Any] | None) -> str:
     if result is None:
         return "\n".join(lines)
     ms = 1e3
-    speedup = result.get("speedup_vs_dp_nccl")
+    speedup, best = result.get("speedup_vs_best_data_parallel"), result.get("best_data_parallel")
     lines += [
         f"  predicted step time  {result['step_time_s'] * ms:.3f} ms"
-        + (f"  ({speedup:.2f}x DP-NCCL)" if speedup else ""),
+        + (f"  ({speedup:.2f}x the best data-parallel baseline, {best})" if speedup else ""),
         f"  lower bound          {result['lower_bound_s'] * ms:.3f} ms",
         f"  chosen from          {result.get('chosen_from', 'search')}",
         "  baselines            "
@@ -125,6 +138,18 @@ def _wait_and_print(client: TagplanClient, job: dict[str, Any], as_json: bool) -
         raise typer.Exit(1)
 
 
+EXIT_SERVICE_ERROR = 1
+"""The service failed (5xx)."""
+EXIT_UNREACHABLE = 3
+"""No answer from the service: not running, wrong address, timed out."""
+
+
+def _exit_code(exc: TagplanError) -> int:
+    if isinstance(exc, ServiceUnreachable):
+        return EXIT_UNREACHABLE
+    return EXIT_BAD_INPUT if exc.status < 500 else EXIT_SERVICE_ERROR
+
+
 def submit_command(
     graph: Annotated[str, typer.Argument(help="Graph file (GraphDef or JSON) or zoo:NAME.")],
     cluster: Annotated[
@@ -139,8 +164,12 @@ def submit_command(
     sfb: Annotated[bool, typer.Option("--sfb/--no-sfb")] = True,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the result.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show the traceback of a failure.")
+    ] = False,
 ) -> None:
-    """Submit a planning job to a tagplan service."""
+    """Submit a planning job to a tagplan service. Exit codes: 0 done, 2 refused (bad
+    input, key, scope), 3 no answer from the service, 1 the service failed."""
     options = {"budget_s": budget_s, "seed": seed, "shards": shards, "sfb": sfb}
     with TagplanClient(server, api_key) as client:
         try:
@@ -152,9 +181,12 @@ def submit_command(
             else:
                 link = server.rstrip("/") + job["links"]["self"]
                 console.print(f"job {job['id']}: {job['status']}  {link}", highlight=False)
-        except TagplanError as exc:
-            error_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            raise typer.Exit(EXIT_BAD_INPUT if exc.status < 500 else 1) from None
+        except (TagplanError, OSError) as exc:
+            if verbose:
+                raise
+            code = _exit_code(exc) if isinstance(exc, TagplanError) else EXIT_BAD_INPUT
+            error_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
 
 
 def _free_port() -> int:
@@ -178,7 +210,9 @@ def demo_command(
     with tempfile.TemporaryDirectory(prefix="tagplan-demo-") as data_dir:
         _embedded_env(Path(data_dir), anonymous=True)
         port = _free_port()
-        config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+        config = uvicorn.Config(
+            create_app(), host="127.0.0.1", port=port, log_level="warning", **_http_options()
+        )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

@@ -9,8 +9,10 @@ import typer
 from rich.table import Table
 
 from tagplan.cli.common import (
+    BatchInputOption,
     BatchSizeOption,
     GraphArgument,
+    LossOption,
     analyze_source,
     console,
     print_json,
@@ -45,6 +47,8 @@ def simulate_command(
         str, typer.Option("--strategy", "-s", help=f"{' | '.join(BASELINES)} or a JSON file.")
     ],
     batch_size: BatchSizeOption = None,
+    loss: LossOption = None,
+    batch_input: BatchInputOption = None,
     trace: Annotated[
         Path | None, typer.Option(help="Write a Chrome trace (opens in Perfetto).")
     ] = None,
@@ -55,7 +59,7 @@ def simulate_command(
 ) -> None:
     """Compile a strategy to tasks and simulate one training step."""
     with user_errors():
-        source, ir = analyze_source(graph, batch_size)
+        source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         evaluator = Evaluator(ir, load_cluster(cluster), use_priority=priority)
         chosen = load_strategy_argument(strategy, evaluator)
         evaluation = evaluator.evaluate(chosen)

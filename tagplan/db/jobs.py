@@ -31,16 +31,20 @@ __all__ = [
 _ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
-def live_job(session: Session, key: str) -> Job | None:
-    """The job queued, running or succeeded for ``key``, if any (there is at most one)."""
-    return session.scalar(select(Job).where(Job.key == key, Job.status.in_(LIVE_STATUSES)))
+def live_job(session: Session, tenant: str, key: str) -> Job | None:
+    """The job of ``tenant`` queued, running or succeeded for ``key``, if any (there is at
+    most one)."""
+    return session.scalar(
+        select(Job).where(Job.tenant == tenant, Job.key == key, Job.status.in_(LIVE_STATUSES))
+    )
 
 
 def add_job(session: Session, job: Job) -> tuple[Job, bool]:
-    """Insert ``job`` unless a live job has its key; the live job and whether it existed.
-    Identical submissions arriving together miss each other's job on a read; the unique
-    index on live keys (``uq_jobs_live_key``) lets one insert win."""
-    return insert_or_find(session, job, lambda: live_job(session, job.key))
+    """Insert ``job`` unless a live job of its tenant has its key; the live job and whether
+    it existed. Identical submissions arriving together miss each other's job on a read;
+    the unique index on live tenants and keys (``uq_jobs_live_tenant_key``) lets one insert
+    win."""
+    return insert_or_find(session, job, lambda: live_job(session, job.tenant, job.key))
 
 
 def is_finished(session: Session, job_id: str) -> bool:

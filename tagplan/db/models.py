@@ -1,7 +1,13 @@
-"""SQLAlchemy 2 tables (DESIGN.md §9). The database is the source of truth for job state.
+"""SQLAlchemy 2 tables (docs/design.md §9). The database is the source of truth for job state.
 
 Large payloads (graphs, distributed GraphDefs, traces, profiles, checkpoints) live once in
 ``blobs``, keyed by the SHA-256 of their content; rows refer to them by digest.
+
+Ownership: every API key belongs to a tenant. A job carries its submitter's tenant (its
+result, GraphDef and trace go with it). Graphs, clusters, profiles and checkpoints are
+stored once by content, so two tenants uploading the same bytes share one row: who holds
+a row is the separate relation ``holdings`` (tenant, kind, id), with each tenant's own
+label for it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "Checkpoint",
     "ClusterRow",
     "GraphRow",
+    "Holding",
     "Job",
     "JobStatus",
     "JobStep",
@@ -60,6 +67,10 @@ class JobStatus(StrEnum):
 LIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
 """A job in these answers its key; a failed or cancelled one is retried by a new job."""
 LIVE = text("status IN ('queued', 'running', 'succeeded')")
+
+TENANT_CHARS = 80
+"""A tenant: a name given to ``tagplan keys create --tenant`` (64 characters at most) or
+``key:<key id>`` for a key created without one."""
 
 
 class Base(DeclarativeBase):
@@ -113,8 +124,27 @@ class ApiKey(Base):
     scopes: Mapped[str] = mapped_column(String(200))
     """Space-separated scopes."""
     rate_limit_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_CHARS))
+    """Whose jobs and uploads the key's requests make and (without ``operate``) see."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Holding(Base):
+    """A tenant holds a content-addressed row: it uploaded it or a job of its stored it.
+
+    ``kind`` names the table (``graph``, ``cluster``, ``profile``, ``checkpoint``) and
+    ``ref`` its id; no foreign key, as ``ref`` points into one of four tables (whose rows
+    are never deleted). ``label`` is the tenant's own name for the row (a graph's label, a
+    profile's or checkpoint's name), so one tenant never sees another's.
+    """
+
+    __tablename__ = "holdings"
+    tenant: Mapped[str] = mapped_column(String(TENANT_CHARS), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    ref: Mapped[str] = mapped_column(String(64), primary_key=True)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Job(Base):
@@ -137,6 +167,8 @@ class Job(Base):
     best_speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_CHARS), index=True)
+    """The submitting key's tenant: only it (and operators) see the job and its result."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
@@ -145,8 +177,16 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        # one live job per key: identical submissions arriving together get one job
-        Index("uq_jobs_live_key", "key", unique=True, sqlite_where=LIVE, postgresql_where=LIVE),
+        # one live job per tenant and key: identical submissions of one tenant arriving
+        # together get one job
+        Index(
+            "uq_jobs_live_tenant_key",
+            "tenant",
+            "key",
+            unique=True,
+            sqlite_where=LIVE,
+            postgresql_where=LIVE,
+        ),
     )
 
 

@@ -1,1 +1,1 @@
-"""The planning engine. Imports no web, queue or database code (DESIGN.md §1)."""
+"""The planning engine. Imports no web, queue or database code (docs/design.md §1)."""

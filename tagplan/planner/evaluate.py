@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from tagplan.planner.compile.tasks import CompiledTasks, TaskCompiler
@@ -13,7 +14,7 @@ from tagplan.planner.sim.simulate import SimResult, simulate, upward_rank
 from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
 from tagplan.planner.topology import Cluster
 
-__all__ = ["Evaluation", "Evaluator"]
+__all__ = ["Evaluation", "Evaluator", "warm_up"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,3 +63,34 @@ class Evaluator:
             use_priority=self.use_priority,
         )
         return Evaluation(strategy, resolved, compiled, result)
+
+
+_WARM_CLUSTER = {
+    "machines": [
+        {"name": "a", "gpus": {"type": "T4", "count": 2}, "intra_bandwidth_gbps": 100},
+        {"name": "b", "gpus": {"type": "T4", "count": 1}, "intra_bandwidth_gbps": 100},
+    ],
+    "network": {"bandwidth_gbps": 10},
+}
+
+
+def warm_up() -> float:
+    """Compile the simulator's kernels in this process (numba loads or builds them on
+    first use, about half a second) by evaluating the zoo's tiny MLP under data
+    parallelism with AllReduce and with a parameter server; returns the seconds it took.
+
+    A worker calls it when it starts, so no job pays it out of its budget (a planner that
+    timed its first evaluation with it would think evaluations cost several times more
+    than they do, and leave baselines and the search out)."""
+    from tagplan.planner.graph.analyzer import analyze
+    from tagplan.planner.graph.source import load_graph_source
+    from tagplan.planner.search.baselines import baseline_strategy
+    from tagplan.planner.topology import load_cluster
+
+    started = time.perf_counter()
+    source = load_graph_source("zoo:mlp")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    evaluator = Evaluator(ir, load_cluster(_WARM_CLUSTER), use_priority=True)
+    for name in ("dp-nccl", "dp-ps"):
+        evaluator.evaluate(baseline_strategy(name, ir, evaluator.cluster, evaluator.costs))
+    return time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""From a graph and a cluster to a deployment plan (DESIGN.md §7, TAG §4).
+"""From a graph and a cluster to a deployment plan (docs/design.md §7, TAG §4).
 
 :func:`plan` runs the phases in order, reporting each through ``progress``:
 
@@ -26,32 +26,44 @@ worker builds a ``Planner`` for the same inputs (everything is deterministic), r
 :meth:`Planner.search_shard` for its seed, and one of them calls :meth:`Planner.finish`
 with every shard's :class:`~.search.mcts.SearchOutcome`.
 
-Budgets: ``budget_s`` bounds the whole plan's wall time (the search gets what the other
-phases leave, SFB's ILPs a share of it); ``iterations`` bounds each tree. Compiling the
-distributed GraphDef comes on top. With an iteration budget that the time
-budget does not cut, a seed always gives the same plan.
+Budgets (:mod:`~.budget`): ``budget_s`` bounds the whole plan, every phase included, as
+one :class:`~.budget.Deadline` fixed when planning starts (a job's workers share it).
+DP-NCCL, the reference, always runs; the other baselines share a quarter of the budget
+and a baseline whose evaluation would not fit what is left is skipped (m-SCT's LP stops
+at its share). The search gets what is left less a reserve for SFB (a share of the
+budget), the final simulations and the distributed GraphDef (each timed like DP-NCCL's
+evaluation); it also stops once it has converged (:mod:`~.search.mcts`). SFB stops at its
+share. Every phase's status (``done``, ``truncated``, ``skipped``) and wall time are in
+the result. ``iterations`` bounds each tree; with an iteration budget that neither the
+time budget nor convergence cuts, a seed always gives the same plan.
+
+The expensive work shared by a job's steps (grouping, baselines, the reference's step)
+is done once: :meth:`Planner.prepared` gives it as JSON and a ``Planner`` built with
+``prepared=`` starts from it instead of redoing it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
-from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
-from tagplan.planner.evaluate import Evaluation, Evaluator
+from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult
-from tagplan.planner.search.actions import DEFAULT_MAX_ACTIONS, ActionSpace
+from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
 from tagplan.planner.search.grouping import (
-    DEFAULT_MAX_GROUPS,
     cluster_mean_op_time_s,
     group_ops,
+    grouping_of,
 )
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
@@ -63,11 +75,12 @@ from tagplan.planner.search.mcts import (
 )
 from tagplan.planner.search.prior import Prior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
-from tagplan.planner.strategy import Strategy
+from tagplan.planner.strategy import Strategy, load_strategy
 from tagplan.planner.topology import Cluster
 
 __all__ = [
     "PHASES",
+    "BaselineScore",
     "PlanOptions",
     "PlanProgress",
     "PlanResult",
@@ -78,29 +91,17 @@ __all__ = [
 
 PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
 REFERENCE = "dp-nccl"
+# share of the budget the baselines after DP-NCCL may take
+_BASELINE_SHARE = 0.25
 # share of the budget SFB's ILPs may take after the search
 _SFB_SHARE = 0.08
 # simulations after the search: the search's plan and the best baseline, SFB's checks
 _FINISH_EVALUATIONS = 4
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    budget_s: float = 60.0
-    iterations: int | None = None
-    seed: int = 0
-    sfb: bool = True
-    max_groups: int = DEFAULT_MAX_GROUPS
-    shards: int = 1
-    max_actions: int = DEFAULT_MAX_ACTIONS
-
-    def __post_init__(self) -> None:
-        if not self.budget_s > 0:
-            raise InvalidInput(f"budget_s must be positive, got {self.budget_s}")
-        if self.iterations is not None and self.iterations < 1:
-            raise InvalidInput(f"iterations must be at least 1, got {self.iterations}")
-        if self.shards < 1:
-            raise InvalidInput(f"shards must be at least 1, got {self.shards}")
+# the distributed GraphDef costs about this many task-graph evaluations to compile
+# (ResNet-101 on 32 GPUs: 8.2 s against 0.78 s)
+_GRAPHDEF_EVALUATIONS = 12
+# baselines whose task graph is as large as the reference's: their evaluation times it
+_LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,27 @@ class PlanProgress:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class BaselineScore:
+    """A baseline's strategy and its simulated step, as JSON travels between steps."""
+
+    strategy_json: str
+    step_time_s: float
+    oom: bool
+    overflow_bytes: int
+
+    @property
+    def strategy(self) -> Strategy:
+        return load_strategy(self.strategy_json)
+
+
 class Planner:
     """The phases of :func:`plan` for one graph and cluster (module docstring).
 
-    Construction runs the group and baseline phases.
+    Construction runs the group and baseline phases, or takes them from ``prepared``
+    (what :meth:`prepared` returned for the same inputs). ``deadline`` defaults to
+    ``options.budget_s`` from now; ``graphdef`` says whether :meth:`finish` will compile
+    the distributed GraphDef, so the search leaves time for it.
     """
 
     def __init__(
@@ -129,53 +147,68 @@ class Planner:
         prior: Prior | None = None,
         progress: Callable[[PlanProgress], None] | None = None,
         cancel: Callable[[], bool] | None = None,
+        deadline: Deadline | None = None,
+        prepared: dict | None = None,
+        graphdef: bool = True,
     ) -> None:
-        self.started = time.perf_counter()
         self.ir, self.cluster = ir, cluster
         self.options = options or PlanOptions()
-        self.prior = prior
+        self.deadline = deadline or Deadline.after(self.options.budget_s)
+        self.prior, self.graphdef = prior, graphdef
         self._progress, self._cancel = progress, cancel
-        self.phase_seconds: dict[str, float] = {}
+        self.phases: dict[str, PhaseReport] = {}
         self._phase: str | None = None
-        self._phase_started = self.started
+        self._phase_started = time.perf_counter()
         self.reference_step_s: float | None = None
         costs = OpCostModel(ir, profiles=profiles, gpu_types=cluster.to_spec().type_table())
         self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
-
-        self._enter("group")
-        self.grouping = group_ops(
-            ir,
-            cluster_mean_op_time_s(ir, cluster, costs),
-            max_groups=self.options.max_groups,
-            seed=self.options.seed,
-        )
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
+        op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
+        if prepared is not None:
+            self.grouping = grouping_of(ir, op_time_s, prepared["op_group"])
+            self.baselines = {
+                name: BaselineScore(**score) for name, score in prepared["baselines"].items()
+            }
+            self.evaluation_s = float(prepared["evaluation_s"])
+            self.phases = {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
+        else:
+            self._enter("group")
+            self.grouping = group_ops(
+                ir, op_time_s, max_groups=self.options.max_groups, seed=self.options.seed
+            )
+            self._leave()
+            self._score_baselines()
+        self.reference_step_s = self.baselines[REFERENCE].step_time_s
 
-        self._enter("baselines")
-        self.baseline_evaluations: dict[str, Evaluation] = {}
-        for name in BASELINES:
-            self._check_cancel()
-            strategy = baseline_strategy(name, ir, cluster, costs)
-            started = time.perf_counter()
-            self.baseline_evaluations[name] = self.evaluator.evaluate(strategy)
-            if name == REFERENCE:
-                self.evaluation_s = time.perf_counter() - started
-        self.reference_step_s = self.baseline_evaluations[REFERENCE].step_time_s
-        self._leave()
+    def prepared(self) -> dict:
+        """The group and baseline phases' results as JSON, for ``Planner(prepared=...)``."""
+        return {
+            "op_group": self.grouping.op_group.tolist(),
+            "baselines": {name: asdict(score) for name, score in self.baselines.items()},
+            "evaluation_s": self.evaluation_s,
+            "phases": {k: v.to_dict() for k, v in self.phases.items()},
+        }
 
     # phases ---------------------------------------------------------------------------
 
     def _enter(self, phase: str) -> None:
         self._leave()
         self._phase, self._phase_started = phase, time.perf_counter()
+        self.phases.setdefault(phase, PhaseReport())
         self._report(phase, 0, None)
 
     def _leave(self) -> None:
         phase = self._phase
         if phase is not None:
-            elapsed = time.perf_counter() - self._phase_started
-            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + elapsed
+            self.phases[phase].seconds += time.perf_counter() - self._phase_started
             self._phase = None
+
+    def _mark(self, phase: str, status: str, note: str) -> None:
+        report = self.phases.setdefault(phase, PhaseReport())
+        report.status, report.note = status, note  # type: ignore[assignment]
+
+    def _elapsed_s(self) -> float:
+        return time.time() - (self.deadline.at_s - self.deadline.budget_s)
 
     def _report(self, phase: str, iterations: int, best_step_s: float | None) -> None:
         if self._progress is None:
@@ -188,13 +221,53 @@ class Planner:
                 best_speedup=self.reference_step_s / best_step_s
                 if best_step_s and self.reference_step_s
                 else None,
-                elapsed_s=time.perf_counter() - self.started,
+                elapsed_s=self._elapsed_s(),
             )
         )
 
     def _check_cancel(self) -> None:
         if self._cancel is not None and self._cancel():
             raise Cancelled("planning was cancelled")
+
+    def _score_baselines(self) -> None:
+        """DP-NCCL, then the other baselines while the baselines' share of the budget
+        lasts (m-SCT's LP stops at it)."""
+        self._enter("baselines")
+        ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
+        scores: dict[str, BaselineScore] = {}
+        skipped: list[str] = []
+        ends_at = time.time() + self.deadline.share_s(_BASELINE_SHARE)
+        for name in [REFERENCE, *(n for n in BASELINES if n != REFERENCE)]:
+            self._check_cancel()
+            left_s = ends_at - time.time()
+            if name != REFERENCE and left_s <= 0:
+                skipped.append(name)
+                continue
+            try:
+                strategy = baseline_strategy(
+                    name, ir, cluster, costs, time_limit_s=None if name == REFERENCE else left_s
+                )
+            except BudgetExhausted:
+                skipped.append(name)
+                continue
+            started = time.perf_counter()
+            evaluation = self.evaluator.evaluate(strategy)
+            seconds = time.perf_counter() - started
+            if name == REFERENCE:
+                self.evaluation_s = seconds
+            elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
+                self.evaluation_s = min(self.evaluation_s, seconds)
+            result = evaluation.result
+            scores[name] = BaselineScore(
+                strategy_json=strategy.to_json(),
+                step_time_s=float(evaluation.step_time_s),
+                oom=bool(result.oom),
+                overflow_bytes=int(result.overflow_bytes.sum()),
+            )
+        self.baselines = {name: scores[name] for name in BASELINES if name in scores}
+        if skipped:
+            self._mark("baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}")
+        self._leave()
 
     def _search(self, seed: int) -> StrategySearch:
         return StrategySearch(
@@ -207,27 +280,40 @@ class Planner:
             shuffle_ties=seed != self.options.seed,
         )
 
+    def _finish_reserve_s(self) -> float:
+        """Seconds to keep for SFB, the last simulations and the distributed GraphDef."""
+        evaluations = _FINISH_EVALUATIONS + (_GRAPHDEF_EVALUATIONS if self.graphdef else 0)
+        sfb = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
+        return sfb + evaluations * self.evaluation_s
+
     def search_budget_s(self, shards: int = 1) -> float:
-        """Seconds each of ``shards`` trees run in this process: the budget left after the
-        phases so far, less what SFB and the last simulations (timed like DP-NCCL's) need."""
-        finish = self.options.budget_s * _SFB_SHARE + _FINISH_EVALUATIONS * self.evaluation_s
-        left = self.options.budget_s - finish - (time.perf_counter() - self.started)
-        return max(left, 0.0) / shards
+        """Seconds each of ``shards`` trees run one after another in this process: what the
+        deadline leaves after the finish's reserve (shards on separate workers each get
+        ``search_budget_s(1)``)."""
+        return max(self.deadline.left_s() - self._finish_reserve_s(), 0.0) / shards
 
     def search_shard(self, seed: int, *, budget_s: float | None = None) -> SearchOutcome:
-        """Run one tree (one root-parallel shard) with ``seed``."""
+        """Run one tree (one root-parallel shard) with ``seed``; a shard left no time
+        returns an outcome with no iterations and ``stop_reason="skipped"``."""
         self._enter("search")
+        budget = budget_s if budget_s is not None else self.search_budget_s()
+        if budget < self.evaluation_s and self.options.iterations is None:
+            self._leave()
+            return SearchOutcome.skipped(seed)
 
         def report(p: SearchProgress) -> None:
             self._report("search", p.iterations, p.best_step_time_s)
 
-        search = self._search(seed)
-        outcome = search.run(
-            iterations=self.options.iterations,
-            budget_s=max(budget_s if budget_s is not None else self.search_budget_s(), 1e-3),
-            progress=report,
-            cancel=self._cancel,
-        )
+        try:
+            outcome = self._search(seed).run(
+                iterations=self.options.iterations,
+                budget_s=max(budget, 1e-3),
+                patience=self.options.patience,
+                progress=report,
+                cancel=self._cancel,
+            )
+        except BudgetExhausted:  # the deadline passed before the first iteration
+            outcome = SearchOutcome.skipped(seed)
         self._leave()
         return outcome
 
@@ -236,12 +322,22 @@ class Planner:
     ) -> PlanResult:
         """Decide SFB for the search's best strategy and the fastest baseline, keep the
         faster, simulate it for the trace and compile it."""
+        searched = [o for o in outcomes if o.iterations]
+        self._record_search(outcomes, searched)
         self._enter("sfb")
-        contenders = self._contenders(best_outcome(outcomes))
+        contenders = self._contenders(best_outcome(searched) if searched else None)
+        reserve_s = (
+            _FINISH_EVALUATIONS + (_GRAPHDEF_EVALUATIONS if graph_def is not None else 0)
+        ) * self.evaluation_s
+        sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
+        if not self.options.sfb:
+            self._mark("sfb", "skipped", "turned off")
+        elif sfb_s <= 0:
+            self._mark("sfb", "skipped", "no time left in the budget")
         finals = []
         for rank, (name, strategy) in enumerate(contenders):
             decisions: tuple[SfbDecision, ...] = ()
-            if self.options.sfb:
+            if self.options.sfb and sfb_s > 0:
                 self._check_cancel()
                 strategy, found = apply_sfb(
                     strategy,
@@ -249,7 +345,7 @@ class Planner:
                     self.cluster,
                     self.evaluator.costs,
                     self.evaluator.comm,
-                    time_budget_s=self.options.budget_s * _SFB_SHARE / len(contenders),
+                    time_budget_s=sfb_s / len(contenders),
                 )
                 decisions = tuple(found)
             evaluation = self.evaluator.evaluate(strategy)
@@ -271,10 +367,7 @@ class Planner:
             distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
         bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
         self._leave()
-        baselines = {
-            name: None if e.result.oom else e.step_time_s
-            for name, e in self.baseline_evaluations.items()
-        }
+        baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
         compute_measured = evaluation.compiled.measured_fraction
         return PlanResult(
             strategy=strategy,
@@ -282,7 +375,7 @@ class Planner:
             baselines=baselines,
             lower_bound_s=bound.step_time_s,
             chosen_from=chosen_from,
-            plan_time_s=time.perf_counter() - self.started,
+            plan_time_s=self._elapsed_s(),
             iterations=sum(o.iterations for o in outcomes),
             evaluations=sum(o.evaluations for o in outcomes),
             first_better_iteration=min(
@@ -300,23 +393,42 @@ class Planner:
             },
             sfb=sfb_decisions,
             distributed=distributed,
-            phase_seconds=dict(self.phase_seconds),
+            phases={k: v.to_dict() for k, v in self.phases.items()},
+            stop_reason=_stop_reason(outcomes),
         )
 
-    def _contenders(self, best: SearchOutcome) -> list[tuple[str, Strategy]]:
+    def _record_search(
+        self, outcomes: Sequence[SearchOutcome], searched: Sequence[SearchOutcome]
+    ) -> None:
+        """The search phase as the shards ran it (in this process or on other workers)."""
+        report = self.phases.setdefault("search", PhaseReport())
+        if len(searched) < len(outcomes) or not outcomes:
+            report.status = "skipped" if not searched else "truncated"
+            report.note = f"{len(outcomes) - len(searched)} of {len(outcomes)} trees had no time"
+        if not report.seconds:
+            report.seconds = sum(o.elapsed_s for o in outcomes)
+
+    def _contenders(self, best: SearchOutcome | None) -> list[tuple[str, Strategy]]:
         """The search's strategy and the fastest baseline that fits, search first; when
-        nothing fits, the search's made feasible by more model parallelism."""
-        fitting = {
-            name: e.step_time_s for name, e in self.baseline_evaluations.items() if not e.result.oom
-        }
-        contenders = [] if best.oom else [("search", best.strategy)]
+        nothing fits, the search's (or, without a search, DP over every GPU's) made
+        feasible by more model parallelism."""
+        fitting = {name: b.step_time_s for name, b in self.baselines.items() if not b.oom}
+        contenders = [] if best is None or best.oom else [("search", best.strategy)]
         if fitting:
             name = min(fitting, key=lambda n: (fitting[n], n))
-            contenders.append((name, self.baseline_evaluations[name].strategy))
+            contenders.append((name, self.baselines[name].strategy))
         if not contenders:
-            _, evaluation = make_feasible(self._search(best.seed), best.actions)
+            search = self._search(best.seed if best else self.options.seed)
+            start = best.actions if best else search.complete([0])
+            _, evaluation = make_feasible(search, start)
             contenders.append(("search", evaluation.strategy))
         return contenders
+
+
+def _stop_reason(outcomes: Sequence[SearchOutcome]) -> str:
+    """Why the search ended: one reason, or the shards' reasons joined."""
+    reasons = sorted({o.stop_reason for o in outcomes})
+    return "+".join(reasons) if reasons else "skipped"
 
 
 def plan(
@@ -330,9 +442,12 @@ def plan(
     prior: Prior | None = None,
     progress: Callable[[PlanProgress], None] | None = None,
     cancel: Callable[[], bool] | None = None,
+    deadline: Deadline | None = None,
 ) -> PlanResult:
     """Plan ``ir`` on ``cluster`` (module docstring); ``graph_def`` (the graph ``ir`` was
-    analyzed from) adds the distributed GraphDef to the result."""
+    analyzed from) adds the distributed GraphDef to the result. ``deadline`` (default:
+    ``options.budget_s`` from now) lets a caller count work done before, such as reading
+    and analyzing the graph."""
     planner = Planner(
         ir,
         cluster,
@@ -342,6 +457,8 @@ def plan(
         prior=prior,
         progress=progress,
         cancel=cancel,
+        deadline=deadline,
+        graphdef=graph_def is not None,
     )
     shards = planner.options.shards
     budget = planner.search_budget_s(shards)

@@ -1,4 +1,4 @@
-"""What a plan returns (DESIGN.md §7): the strategy, its predicted step and memory, every
+"""What a plan returns (docs/design.md §7): the strategy, its predicted step and memory, every
 baseline on the same simulator, the lower bound, and which numbers were estimated."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import Any
 
 from tagplan.planner.compile.graphdef import DistributedGraph
 from tagplan.planner.evaluate import Evaluation
+from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.search.sfb import SfbDecision
 from tagplan.planner.sim.trace import chrome_trace
 from tagplan.planner.strategy import Strategy
@@ -25,6 +26,10 @@ class PlanResult:
     runs out of memory. ``chosen_from`` is ``"search"`` when the tree search found the
     strategy, else the name of the baseline that no strategy the search saw could beat.
     ``estimated`` says which inputs were analytic estimates rather than measurements.
+    ``phases`` gives each phase's status (``done``, ``truncated``, ``skipped``), wall time
+    and note (:class:`~tagplan.planner.budget.PhaseReport`); ``stop_reason`` why the
+    search ended (``converged``, ``budget``, ``iterations``, ``target``, ``skipped``).
+    ``plan_time_s`` is the wall time from the start of planning to the result.
     """
 
     strategy: Strategy
@@ -39,7 +44,12 @@ class PlanResult:
     estimated: dict[str, Any]
     sfb: tuple[SfbDecision, ...] = ()
     distributed: DistributedGraph | None = None
-    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stop_reason: str = "budget"
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        return {name: float(p["seconds"]) for name, p in self.phases.items()}
 
     @property
     def step_time_s(self) -> float:
@@ -47,8 +57,26 @@ class PlanResult:
 
     @property
     def speedup_vs_dp_nccl(self) -> float | None:
+        """Over TAG's reference, DP-NCCL (kept as the papers' column)."""
         reference = self.baselines.get("dp-nccl")
         return reference / self.step_time_s if reference else None
+
+    @property
+    def best_data_parallel(self) -> tuple[str, float] | None:
+        """The fastest data-parallel baseline that fits, by name: what a user would run
+        without a planner."""
+        fitting = [
+            (seconds, name)
+            for name, seconds in self.baselines.items()
+            if name in DATA_PARALLEL_BASELINES and seconds is not None
+        ]
+        return (min(fitting)[1], min(fitting)[0]) if fitting else None
+
+    @property
+    def speedup_vs_best_data_parallel(self) -> float | None:
+        """The headline: the margin over the best data-parallel baseline."""
+        best = self.best_data_parallel
+        return best[1] / self.step_time_s if best else None
 
     @property
     def peak_memory_bytes(self) -> dict[str, int]:
@@ -70,12 +98,16 @@ class PlanResult:
             "baselines": self.baselines,
             "lower_bound_s": self.lower_bound_s,
             "speedup_vs_dp_nccl": self.speedup_vs_dp_nccl,
+            "best_data_parallel": self.best_data_parallel[0] if self.best_data_parallel else None,
+            "speedup_vs_best_data_parallel": self.speedup_vs_best_data_parallel,
             "ratio_to_lower_bound": self.step_time_s / self.lower_bound_s
             if self.lower_bound_s > 0
             else None,
             "chosen_from": self.chosen_from,
             "plan_time_s": self.plan_time_s,
             "phase_seconds": self.phase_seconds,
+            "phases": self.phases,
+            "stop_reason": self.stop_reason,
             "iterations": self.iterations,
             "evaluations": self.evaluations,
             "first_better_iteration": self.first_better_iteration,
@@ -98,6 +130,12 @@ class PlanResult:
             "strategy": self.strategy.model_dump(mode="json", exclude_none=True),
         }
 
+    def _headline(self) -> str:
+        best = self.best_data_parallel
+        if best is None:
+            return ""
+        return f", {best[1] / self.step_time_s:.2f}x the best data-parallel baseline ({best[0]})"
+
     def report_markdown(self, title: str = "tagplan plan") -> str:
         """A human-readable report: tagplan against every baseline and the bound, memory."""
 
@@ -111,8 +149,15 @@ class PlanResult:
             f"# {title}",
             "",
             f"Predicted step: **{ms(self.step_time_s)} ms** "
-            f"(chosen from: {self.chosen_from}); lower bound {ms(self.lower_bound_s)} ms; "
-            f"planned in {self.plan_time_s:.1f} s over {self.iterations} search iterations.",
+            f"(chosen from: {self.chosen_from}){self._headline()}; "
+            f"lower bound {ms(self.lower_bound_s)} ms; "
+            f"planned in {self.plan_time_s:.1f} s over {self.iterations} search iterations "
+            f"(search stopped: {self.stop_reason}).",
+            *(
+                f"- {name}: {p['status']} ({p['note']})"
+                for name, p in self.phases.items()
+                if p["status"] != "done"
+            ),
             "",
             "| strategy | step (ms) | vs tagplan |",
             "| --- | ---: | ---: |",

@@ -1,4 +1,4 @@
-"""Deployment strategies (DESIGN.md §4, TAG §4.2): what runs where, and how gradients sync.
+"""Deployment strategies (docs/design.md §4, TAG §4.2): what runs where, and how gradients sync.
 
 A strategy assigns every op to an op group and gives each group TAG's decision: the
 device groups it uses (the placement row P_i) and one replication option O_i:

@@ -1,1 +1,1 @@
-"""REST service: API, persistence, auth (DESIGN.md §9)."""
+"""REST service: API, persistence, auth (docs/design.md §9)."""

@@ -1,7 +1,7 @@
-"""The FastAPI application (DESIGN.md §9).
+"""The FastAPI application (docs/design.md §9).
 
-:func:`create_app` wires settings, auth state, metrics, error handlers, the body-size
-limit and the routers. Embedded (no broker configured) it also migrates the SQLite
+:func:`create_app` wires settings, auth state, metrics, error handlers, the request-size
+limits and the routers. Embedded (no broker configured) it also migrates the SQLite
 database and runs the Celery worker in-process for the app's lifetime. This module and
 everything it imports load neither TensorFlow nor torch.
 """
@@ -26,7 +26,7 @@ from tagplan.service.api.routes import (
     strategies,
 )
 from tagplan.service.auth import KeyCache
-from tagplan.service.limits import BodySizeLimit
+from tagplan.service.limits import RequestSizeLimit
 from tagplan.service.memo import TtlCache
 from tagplan.service.metrics import ServiceMetrics
 from tagplan.service.problems import install_problem_handlers
@@ -89,7 +89,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics(settings.sqlalchemy_url)
     app.state.strategy_cache = TtlCache(settings.strategy_cache_ttl_s)
     install_problem_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        RequestSizeLimit,
+        max_bytes=settings.max_request_bytes,
+        max_header_bytes=settings.max_header_bytes,
+    )
     for module in (jobs, graphs, strategies, profiles, checkpoints, catalog, health):
         app.include_router(module.router)
     return app

@@ -4,7 +4,8 @@ loopback exception.
 Every route except the health probes depends on :func:`require` with a scope. A key is
 sent as ``Authorization: Bearer <token>`` or ``X-API-Key: <token>``. With
 ``allow_anonymous_loopback`` (the embedded demo) a request from 127.0.0.1/::1 without a key
-gets every scope; nothing else is anonymous.
+gets every scope; nothing else is anonymous. The principal carries the key's tenant, which
+owns what its requests store (:mod:`.tenancy`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from tagplan.db.keys import SCOPES, expand_scopes, verify_key
+from tagplan.db.keys import ANONYMOUS_TENANT, SCOPES, expand_scopes, verify_key
 from tagplan.db.session import session_scope
 from tagplan.service.problems import Problem
 from tagplan.settings import Settings
@@ -31,11 +32,18 @@ KEY_CACHE_TTL_S = 10.0
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: a key id (None for anonymous loopback), its scopes and rate limit."""
+    """The caller: a key id (None for anonymous loopback), its scopes, rate limit and
+    tenant."""
 
     key_id: str | None
     scopes: frozenset[str]
     rate_limit_per_minute: int | None
+    tenant: str
+
+    @property
+    def sees_all(self) -> bool:
+        """Operators (operate, admin) see every tenant's jobs and uploads."""
+        return "operate" in self.scopes
 
 
 class KeyCache:
@@ -63,7 +71,8 @@ class KeyCache:
             row = verify_key(session, token)
             if row is None:
                 return None
-            return Principal(row.id, expand_scopes(row.scopes.split()), row.rate_limit_per_minute)
+            scopes = expand_scopes(row.scopes.split())
+            return Principal(row.id, scopes, row.rate_limit_per_minute, row.tenant)
 
 
 def _token(request: Request) -> str | None:
@@ -80,7 +89,7 @@ async def authenticate(request: Request) -> Principal:
     if token is None:
         client = request.client.host if request.client else ""
         if settings.allow_anonymous_loopback and client in LOOPBACK:
-            return Principal(None, frozenset(SCOPES), None)
+            return Principal(None, frozenset(SCOPES), None, ANONYMOUS_TENANT)
         raise _unauthorized("an API key is required (Authorization: Bearer <key>)")
     principal = await request.app.state.key_cache.lookup(settings.sqlalchemy_url, token)
     if principal is None:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-__all__ = ["FINISHED", "TagplanClient", "TagplanError"]
+__all__ = ["FINISHED", "ServiceUnreachable", "TagplanClient", "TagplanError"]
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 INLINE_LIMIT_BYTES = 8 << 20
@@ -29,12 +29,28 @@ INLINE_LIMIT_BYTES = 8 << 20
 
 
 class TagplanError(Exception):
-    """An error answer: ``status`` and the problem document (``detail`` says what is wrong)."""
+    """An error answer: ``status`` and the problem document (``detail`` says what is wrong);
+    status 0 when no answer came."""
 
     def __init__(self, status: int, problem: dict[str, Any]) -> None:
-        super().__init__(f"{status}: {problem.get('detail') or problem.get('title')}")
+        prefix = f"{status}: " if status else ""
+        super().__init__(f"{prefix}{problem.get('detail') or problem.get('title')}")
         self.status = status
         self.problem = problem
+
+
+class ServiceUnreachable(TagplanError):
+    """No answer: nothing listens at the URL, the connection broke, or it timed out."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(0, {"detail": f"cannot reach the tagplan service at {url}: {reason}"})
+        self.url = url
+
+
+_HINTS = {
+    401: "give a key with --api-key or TAGPLAN_API_KEY (tagplan keys create)",
+    403: "the key lacks the scope this call needs (tagplan keys create --scope ...)",
+}
 
 
 class TagplanClient:
@@ -42,7 +58,8 @@ class TagplanClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout_s: float = 60.0):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
 
     def close(self) -> None:
         self.http.close()
@@ -54,12 +71,28 @@ class TagplanClient:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        """One request; every failure is a :class:`TagplanError` saying what went wrong."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise ServiceUnreachable(
+                self.base_url, f"no answer within {self.timeout_s:g} s"
+            ) from None
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ServiceUnreachable(
+                self.base_url, f"{reason} (is it running? tagplan serve starts one)"
+            ) from None
         if response.status_code >= 400:
             try:
                 problem = response.json()
             except ValueError:
-                problem = {"detail": response.text}
+                problem = {"detail": response.text[:200] or response.reason_phrase}
+            if not isinstance(problem, dict):
+                problem = {"detail": str(problem)[:200]}
+            hint = _HINTS.get(response.status_code)
+            if hint:
+                problem = {**problem, "detail": f"{problem.get('detail')}; {hint}"}
             raise TagplanError(response.status_code, problem)
         return response
 

@@ -1,4 +1,4 @@
-"""Dependencies the routes share: the session, the settings, the caller (STYLE.md §2)."""
+"""Dependencies the routes share: the session, the settings, the caller (docs/design.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Graphs and clusters coming in: size limits, structural checks, content-addressed rows.
+"""Graphs and clusters coming in: size limits, structural checks, content-addressed rows
+and the holdings of the tenant storing them.
 
 The API checks what it can cheaply and without TensorFlow (the graph parses, is acyclic,
 is within the node and byte limits; the cluster validates and is within the GPU limit)
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tagplan.db.blobs import digest_of, put_blob
-from tagplan.db.models import ClusterRow, GraphRow
+from tagplan.db.models import ClusterRow, GraphRow, Holding
 from tagplan.db.session import add_once
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import graph_fingerprint
@@ -30,6 +31,7 @@ from tagplan.planner.topology import (
     parse_cluster_spec,
 )
 from tagplan.service.problems import Problem
+from tagplan.service.tenancy import hold
 from tagplan.settings import Settings
 
 __all__ = ["LoadedCluster", "cluster_from_input", "store_cluster", "store_graph", "zoo_graph"]
@@ -55,9 +57,11 @@ def store_graph(
     settings: Settings,
     data: bytes,
     *,
+    tenant: str,
     label: str = "",
-) -> GraphRow:
-    """Validate a graph upload and store it once (its id is the digest of its bytes)."""
+) -> tuple[GraphRow, Holding]:
+    """Validate a graph upload, store it once (its id is the digest of its bytes) and
+    record that ``tenant`` holds it."""
     _decompressed_size_ok(data, settings.max_graph_bytes)
     graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
     if len(graph_def.node) > settings.max_ops:
@@ -79,7 +83,7 @@ def store_graph(
             label=label[:200],
         )
         row = add_once(session, row)
-    return row
+    return row, hold(session, tenant, "graph", graph_id, label)
 
 
 def zoo_graph(name: str) -> tuple[bytes, list[str], str | None]:
@@ -107,21 +111,26 @@ class LoadedCluster:
 def cluster_from_input(settings: Settings, value: str | dict[str, Any]) -> LoadedCluster:
     """A named cluster (``testbed``, ``cloud``, ``random:SEED``) or an inline spec."""
     spec = named_cluster_spec(value) if isinstance(value, str) else parse_cluster_spec(value)
-    cluster = Cluster.from_spec(spec)
-    if cluster.num_devices > settings.max_gpus:
+    # Counted from the spec: building a cluster of too many GPUs is the cost to avoid.
+    gpus = sum(
+        len(machine.gpus) if isinstance(machine.gpus, list) else machine.gpus.count
+        for machine in spec.machines
+    )
+    if gpus > settings.max_gpus:
         raise Problem(
             422,
-            f"the cluster has {cluster.num_devices} GPUs; the limit is {settings.max_gpus}",
+            f"the cluster has {gpus} GPUs; the limit is {settings.max_gpus}",
             kind="too-many-gpus",
         )
+    cluster = Cluster.from_spec(spec)
     document = json.loads(dumps_cluster_spec(spec, fmt="json"))
     cluster_id = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     return LoadedCluster(cluster_id, document, cluster, canonical_order(cluster).fingerprint)
 
 
-def store_cluster(session: Session, loaded: LoadedCluster) -> ClusterRow:
-    """Store a cluster once (by the digest of its spec)."""
-    return add_once(
+def store_cluster(session: Session, loaded: LoadedCluster, *, tenant: str) -> ClusterRow:
+    """Store a cluster once (by the digest of its spec) and record that ``tenant`` holds it."""
+    row = add_once(
         session,
         ClusterRow(
             id=loaded.id,
@@ -130,3 +139,5 @@ def store_cluster(session: Session, loaded: LoadedCluster) -> ClusterRow:
             num_gpus=loaded.cluster.num_devices,
         ),
     )
+    hold(session, tenant, "cluster", row.id)
+    return row

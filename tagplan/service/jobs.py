@@ -19,9 +19,11 @@ from sqlalchemy.orm import Session
 
 from tagplan.db.jobs import add_job
 from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile
+from tagplan.service.auth import Principal
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import JobCreate, JobLinks, JobPublic, Progress
+from tagplan.service.tenancy import hold, holds, owns_job
 from tagplan.settings import Settings
 from tagplan.workers.pipeline import enqueue_job
 
@@ -59,32 +61,35 @@ def job_public(job: Job, *, existing: bool = False) -> JobPublic:
     )
 
 
-def find_job(session: Session, job_id: str) -> Job:
-    """The job or a 404 problem."""
+def find_job(session: Session, caller: Principal, job_id: str) -> Job:
+    """The job; a 404 problem when it does not exist or belongs to another tenant."""
     job = session.get(Job, job_id)
-    if job is None:
+    if job is None or not owns_job(caller, job):
         raise Problem(404, f"job {job_id} does not exist")
     return job
 
 
-def _graph(session: Session, settings: Settings, body: JobCreate) -> tuple[GraphRow, Any, Any]:
+def _graph(
+    session: Session, settings: Settings, caller: Principal, body: JobCreate
+) -> tuple[GraphRow, Any, Any]:
     """The graph row plus the batch inputs and loss node the job uses."""
     spec = body.graph
     batch_inputs, loss = spec.batch_inputs, spec.loss
     if spec.id is not None:
         row = session.get(GraphRow, spec.id)
-        if row is None:
+        if row is None or not holds(session, caller, "graph", spec.id):
             raise Problem(404, f"graph {spec.id} does not exist; upload it with POST /v1/graphs")
+        hold(session, caller.tenant, "graph", row.id, row.label)
         return row, batch_inputs, loss
     if spec.zoo is not None:
         data, zoo_inputs, zoo_loss = zoo_graph(spec.zoo)
-        row = store_graph(session, settings, data, label=f"zoo:{spec.zoo}")
+        row, _ = store_graph(session, settings, data, tenant=caller.tenant, label=f"zoo:{spec.zoo}")
         return row, batch_inputs or zoo_inputs, loss or zoo_loss
     try:
         data = base64_bytes(spec.base64 or "")
     except ValueError as exc:
         raise Problem(422, f"graph.base64 is not valid base64: {exc}") from None
-    return store_graph(session, settings, data), batch_inputs, loss
+    return store_graph(session, settings, data, tenant=caller.tenant)[0], batch_inputs, loss
 
 
 def base64_bytes(text: str) -> bytes:
@@ -95,16 +100,21 @@ def base64_bytes(text: str) -> bytes:
         raise ValueError(str(exc)) from None
 
 
-def _cluster(session: Session, settings: Settings, value: str | dict[str, Any]) -> ClusterRow:
-    if isinstance(value, str):
+def _cluster(
+    session: Session, settings: Settings, caller: Principal, value: str | dict[str, Any]
+) -> ClusterRow:
+    """A stored cluster the caller holds (by id), else a named or inline one stored now."""
+    if isinstance(value, str) and holds(session, caller, "cluster", value):
         stored = session.get(ClusterRow, value)
         if stored is not None:
+            hold(session, caller.tenant, "cluster", stored.id)
             return stored
-    return store_cluster(session, cluster_from_input(settings, value))
+    return store_cluster(session, cluster_from_input(settings, value), tenant=caller.tenant)
 
 
-def _check_profiles(session: Session, ids: list[str]) -> None:
+def _check_profiles(session: Session, caller: Principal, ids: list[str]) -> None:
     kinds = dict(session.execute(select(Profile.id, Profile.kind).where(Profile.id.in_(ids))).all())
+    kinds = {i: kind for i, kind in kinds.items() if holds(session, caller, "profile", i)}
     missing = [i for i in ids if i not in kinds]
     if missing:
         raise Problem(404, f"profiles {missing} do not exist; upload them with POST /v1/profiles")
@@ -124,19 +134,20 @@ def _check_options(settings: Settings, options: dict[str, Any]) -> None:
 
 
 def submit(
-    session: Session, settings: Settings, celery: Celery, body: JobCreate, *, key_id: str | None
+    session: Session, settings: Settings, celery: Celery, body: JobCreate, *, caller: Principal
 ) -> tuple[Job, bool]:
-    """Store the inputs and enqueue a job; an identical live job is returned instead.
+    """Store the inputs and enqueue a job of the caller's tenant; an identical live job of
+    that tenant is returned instead.
 
     Returns the job and whether it existed. Identical means same graph content, batch
     inputs, loss, cluster spec, batch size and options; failed and cancelled jobs do not
     count, so resubmitting retries them.
     """
-    graph, batch_inputs, loss = _graph(session, settings, body)
-    cluster = _cluster(session, settings, body.cluster)
+    graph, batch_inputs, loss = _graph(session, settings, caller, body)
+    cluster = _cluster(session, settings, caller, body.cluster)
     options = body.options.model_dump()
     _check_options(settings, options)
-    _check_profiles(session, options["profiles"])
+    _check_profiles(session, caller, options["profiles"])
     identity = [graph.fingerprint, batch_inputs, loss, cluster.id, body.batch_size, options]
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     job = Job(
@@ -149,7 +160,8 @@ def submit(
         loss=loss,
         options=options,
         status=JobStatus.QUEUED,
-        api_key_id=key_id,
+        api_key_id=caller.key_id,
+        tenant=caller.tenant,
     )
     job, existed = add_job(session, job)
     session.commit()

@@ -38,12 +38,13 @@ class Problem(Exception):
 def problem_response(
     status: int, detail: str, *, kind: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> JSONResponse:
-    """The problem document for ``status`` with ``detail``."""
+    """The problem document for ``status`` with ``detail`` (a lone surrogate of the input it
+    quotes written as its escape, so the document encodes as UTF-8)."""
     body = {
         "type": TYPE_BASE + kind,
         "title": HTTPStatus(status).phrase,
         "status": status,
-        "detail": detail,
+        "detail": detail.encode("utf-8", "backslashreplace").decode("utf-8"),
         **extra,
     }
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)

@@ -1,4 +1,4 @@
-"""Move a cached strategy to another numbering of the same cluster (DESIGN.md §9).
+"""Move a cached strategy to another numbering of the same cluster (docs/design.md §9).
 
 Two clusters with one canonical fingerprint differ only in machine names, machine order
 and GPU numbering; :class:`~tagplan.planner.topology.CanonicalOrder` relates each to the

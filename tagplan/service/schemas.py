@@ -1,13 +1,26 @@
-"""Request and response bodies of the REST API (pydantic v2), apart from the tables."""
+"""Request and response bodies of the REST API (pydantic v2), apart from the tables.
+
+Every number a request carries is bounded here, below what its column holds (``Integer``
+is int32 on PostgreSQL) and finite, so out-of-range input is a 422 naming the field and
+never reaches the database; SQLite, which stores any integer, would hide the difference.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from tagplan.planner.options import PlanOptions
 
 __all__ = [
+    "INT32_MAX",
+    "MAX_BUDGET_S",
+    "MAX_GROUPS",
+    "MAX_NAME_CHARS",
+    "MAX_NODE_NAME_CHARS",
+    "MAX_SHARDS",
     "CheckpointPublic",
     "ClusterPublic",
     "GraphInput",
@@ -28,21 +41,50 @@ __all__ = [
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
+INT32_MAX = 2**31 - 1
+"""The largest value of an ``Integer`` column on PostgreSQL."""
+MAX_BUDGET_S = 7 * 24 * 3600.0
+"""A week: the schema's bound; the service's ``max_budget_s`` setting is usually lower."""
+MAX_SHARDS = 4096
+"""The schema's bound; the service's ``max_shards`` setting is usually lower."""
+MAX_GROUPS = 100_000
+MAX_NAME_CHARS = 200
+"""Names: clusters (``random:SEED``: a seed of at most this many digits), zoo models."""
+MAX_NODE_NAME_CHARS = 500
+"""Graph node names (the loss node's column holds this many)."""
+
+
+def _no_nul(text: str) -> str:
+    """Refuse a NUL character, which no text column stores."""
+    if "\x00" in text:
+        raise ValueError("must not contain a NUL character")
+    return text
+
+
+Digest = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]
+"""An id of a content-addressed row: the hex SHA-256 of its content."""
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
+NodeName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NODE_NAME_CHARS), AfterValidator(_no_nul)
+]
+
 
 class GraphInput(BaseModel):
     """Exactly one of ``id`` (from ``POST /v1/graphs``), ``base64`` or ``zoo``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str | None = Field(default=None, description="id of a graph uploaded earlier")
+    id: Digest | None = Field(default=None, description="id of a graph uploaded earlier")
     base64: str | None = Field(
         default=None, description="GraphDef (binary or text, optionally gzip) or graph JSON"
     )
-    zoo: str | None = Field(default=None, description="name of a model-zoo graph, e.g. vgg19")
-    batch_inputs: list[str] | None = Field(
-        default=None, description="nodes feeding training data (default: rank >= 1 placeholders)"
+    zoo: Name | None = Field(default=None, description="name of a model-zoo graph, e.g. vgg19")
+    batch_inputs: list[NodeName] | None = Field(
+        default=None,
+        max_length=1000,
+        description="nodes feeding training data (default: rank >= 1 placeholders)",
     )
-    loss: str | None = Field(default=None, description="loss node (default: 'loss')")
+    loss: NodeName | None = Field(default=None, description="loss node (default: 'loss')")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> GraphInput:
@@ -53,18 +95,33 @@ class GraphInput(BaseModel):
 
 
 class PlanOptionsIn(BaseModel):
-    """Planner options (see ``tagplan.planner.plan.PlanOptions``)."""
+    """The planner's options a request may set (:class:`~tagplan.planner.options.
+    PlanOptions` gives the defaults), bounded for the database."""
 
     model_config = ConfigDict(extra="forbid")
 
-    budget_s: float = Field(default=60.0, gt=0, description="wall-clock search budget")
-    iterations: int | None = Field(default=None, gt=0, description="search iteration cap")
-    seed: int = Field(default=0, ge=0)
-    sfb: bool = Field(default=True, description="sufficient-factor broadcast on/off")
-    shards: int = Field(default=1, ge=1, description="root-parallel search trees (workers)")
-    max_groups: int = Field(default=60, ge=1)
-    profiles: list[str] = Field(
+    budget_s: float = Field(
+        default=PlanOptions.budget_s,
+        gt=0,
+        le=MAX_BUDGET_S,
+        allow_inf_nan=False,
+        description="the whole plan's budget, every phase included",
+    )
+    iterations: int | None = Field(
+        default=PlanOptions.iterations, gt=0, le=INT32_MAX, description="search iteration cap"
+    )
+    seed: int = Field(default=PlanOptions.seed, ge=0, le=INT32_MAX)
+    sfb: bool = Field(default=PlanOptions.sfb, description="sufficient-factor broadcast on/off")
+    shards: int = Field(
+        default=PlanOptions.shards,
+        ge=1,
+        le=MAX_SHARDS,
+        description="root-parallel search trees (workers)",
+    )
+    max_groups: int = Field(default=PlanOptions.max_groups, ge=1, le=MAX_GROUPS)
+    profiles: list[Digest] = Field(
         default_factory=list,
+        max_length=100,
         description="ids of stored profiles the cost model uses (op profiles, at most one comm)",
     )
 
@@ -75,11 +132,11 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     graph: GraphInput
-    cluster: str | dict[str, Any] = Field(
+    cluster: Name | dict[str, Any] = Field(
         description="a named cluster (testbed, cloud, random:SEED), a stored cluster id, "
         "or an inline cluster spec"
     )
-    batch_size: int | None = Field(default=None, gt=0)
+    batch_size: int | None = Field(default=None, gt=0, le=INT32_MAX)
     options: PlanOptionsIn = Field(default_factory=PlanOptionsIn)
 
 
@@ -134,9 +191,22 @@ class ResultPublic(BaseModel):
     baselines: dict[str, float | None]
     lower_bound_s: float
     speedup_vs_dp_nccl: float | None
+    best_data_parallel: str | None = Field(
+        default=None, description="the fastest data-parallel baseline that fits"
+    )
+    speedup_vs_best_data_parallel: float | None = Field(
+        default=None, description="the headline: the margin over that baseline"
+    )
     peak_memory_bytes: dict[str, int]
     estimated: dict[str, Any]
     strategy: dict[str, Any]
+    plan_time_s: float | None = Field(
+        default=None, description="wall time from the job's start to its result"
+    )
+    queued_s: float | None = Field(default=None, description="time queued before it started")
+    phases: dict[str, Any] = Field(
+        default_factory=dict, description="per phase: status, seconds, note"
+    )
 
 
 class StrategyPublic(BaseModel):
@@ -147,6 +217,7 @@ class StrategyPublic(BaseModel):
     batch_size: int
     step_time_s: float
     speedup_vs_dp_nccl: float | None
+    speedup_vs_best_data_parallel: float | None = None
     peak_memory_bytes: dict[str, int]
     strategy: dict[str, Any]
     remapped: bool = Field(description="rewritten from an isomorphic cluster's numbering")

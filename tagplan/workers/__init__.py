@@ -1,1 +1,1 @@
-"""Celery application and planning tasks (DESIGN.md §9)."""
+"""Celery application and planning tasks (docs/design.md §9)."""

@@ -1,6 +1,6 @@
 """The Celery application, configured from :func:`tagplan.settings.get_settings` on first use.
 
-Reliability settings follow the Celery guides (STYLE.md §3): late acknowledgement with
+Reliability settings follow the Celery guides (docs/design.md §9): late acknowledgement with
 ``reject_on_worker_lost`` so a task whose worker dies is redelivered (every step is
 idempotent), prefetch 1 for long tasks, JSON only on the wire, and a Redis visibility
 timeout above the longest job. With no broker configured (the embedded default) the

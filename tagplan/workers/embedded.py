@@ -1,4 +1,4 @@
-"""The embedded default: a Celery worker in a thread of the API process (DESIGN.md §9).
+"""The embedded default: a Celery worker in a thread of the API process (docs/design.md §9).
 
 It is a real :class:`celery.worker.WorkController` consuming kombu's in-memory broker, so
 the embedded service runs exactly the task code, canvas (the shards' chord), acknowledgement
@@ -10,6 +10,7 @@ job the database still calls queued or running; finished steps are skipped on re
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from celery import Celery
@@ -22,6 +23,9 @@ from tagplan.settings import Settings
 from tagplan.workers.pipeline import enqueue_job
 
 __all__ = ["EmbeddedWorker", "requeue_unfinished"]
+
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddedWorker:
@@ -46,7 +50,9 @@ class EmbeddedWorker:
             without_mingle=True,
             without_gossip=True,
         )
-        self._thread = threading.Thread(target=self._worker.start, name="tagplan-worker")
+        self._thread = threading.Thread(
+            target=_warm_then_serve, args=(self._worker,), name="tagplan-worker"
+        )
         self._thread.daemon = True
         self._thread.start()
 
@@ -60,6 +66,18 @@ class EmbeddedWorker:
             self._worker.stop(in_sighandler=False)
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+def _warm_then_serve(worker: WorkController) -> None:
+    """Warm the simulator up, then serve (the first job's budget does not pay it); a
+    warm-up that fails only costs the first job that time."""
+    from tagplan.planner.evaluate import warm_up
+
+    try:
+        warm_up()
+    except Exception:
+        log.exception("the simulator's warm-up failed; serving anyway")
+    worker.start()
 
 
 def requeue_unfinished(settings: Settings, app: Celery) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -32,12 +33,12 @@ __all__ = [
     "shard_step",
 ]
 
-PLAN_OPTION_FIELDS = ("budget_s", "iterations", "seed", "sfb", "max_groups", "shards")
-
 
 @dataclass(frozen=True, eq=False)
 class JobInputs:
-    """A job's graph (parsed and analyzed), cluster, planner options and cost models."""
+    """A job's graph (parsed and analyzed), cluster, planner options, cost models, the
+    deadline of its budget (fixed when the job started, shared by every step) and what
+    its analyze step prepared for the others (grouping, baselines), if it has run."""
 
     graph_def: Any
     ir: Any
@@ -45,6 +46,8 @@ class JobInputs:
     options: Any
     profiles: Any = None
     comm: Any = None
+    deadline: Any = None
+    prepared: dict[str, Any] | None = None
 
 
 def shard_step(shard: int) -> str:
@@ -54,9 +57,10 @@ def shard_step(shard: int) -> str:
 
 def load_inputs(settings: Settings, job_id: str) -> JobInputs:
     """Read the job's graph and cluster from the database and analyze the graph."""
+    from tagplan.planner.budget import Deadline
     from tagplan.planner.graph.analyzer import analyze
     from tagplan.planner.graph.load import parse_graph_bytes
-    from tagplan.planner.plan import PlanOptions
+    from tagplan.planner.options import PlanOptions, option_names
     from tagplan.planner.topology import load_cluster
 
     with session_scope(settings.sqlalchemy_url) as session:
@@ -67,8 +71,10 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         spec = session.get(ClusterRow, job.cluster_id).spec
         data = get_blob(session, graph.blob_digest)
         batch_inputs, loss, batch_size = job.batch_inputs, job.loss, job.batch_size
-        options = {k: v for k, v in job.options.items() if k in PLAN_OPTION_FIELDS}
+        options = {k: v for k, v in job.options.items() if k in option_names()}
         documents = _profile_documents(session, job.options.get("profiles", []))
+        started_at = job.started_at or datetime.now(UTC)
+        analyzed = jobs.step_output(session, job_id=job_id, step="analyze") or {}
     graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
     ir = analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss)
     if ir.num_ops > settings.max_ops:
@@ -77,7 +83,20 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         )
     cluster = load_cluster(spec)
     profiles, comm = _cost_models(cluster, documents)
-    return JobInputs(graph_def, ir, cluster, PlanOptions(**options), profiles, comm)
+    plan_options = PlanOptions(**options)
+    if started_at.tzinfo is None:  # stored as UTC; SQLite gives it back naive
+        started_at = started_at.replace(tzinfo=UTC)
+    deadline = Deadline.after(plan_options.budget_s, start_s=started_at.timestamp())
+    return JobInputs(
+        graph_def,
+        ir,
+        cluster,
+        plan_options,
+        profiles,
+        comm,
+        deadline,
+        analyzed.get("prepared"),
+    )
 
 
 def _profile_documents(session: Any, ids: list[str]) -> list[tuple[str, bytes]]:
@@ -89,7 +108,7 @@ def _profile_documents(session: Any, ids: list[str]) -> list[tuple[str, bytes]]:
 def _cost_models(cluster: Any, documents: list[tuple[str, bytes]]) -> tuple[Any, Any]:
     """The op-time source and communication model of the job's profiles (None: analytic)."""
     from tagplan.planner.cost.comm import CommModel
-    from tagplan.planner.cost.comm_profiler import loads_comm_profile
+    from tagplan.planner.cost.comm_profile import loads_comm_profile
     from tagplan.planner.cost.profile import InMemoryProfileSource, load_profile
 
     ops = [load_profile(data) for kind, data in documents if kind == "op"]
@@ -107,9 +126,15 @@ def job_options(settings: Settings, job_id: str) -> dict[str, Any]:
 
 
 def analyze_step(settings: Settings, job_id: str) -> None:
-    """Check that the graph analyzes and fits the limits before any search starts."""
+    """Check that the graph analyzes and fits the limits before any search starts, then
+    group it and score the baselines once for every later step."""
+    url = settings.sqlalchemy_url
+    with session_scope(url) as session:
+        if jobs.step_output(session, job_id=job_id, step="analyze") is not None:
+            return
     inputs = load_inputs(settings, job_id)
-    with session_scope(settings.sqlalchemy_url) as session:
+    planner = _planner(inputs, JobMonitor(url, job_id))
+    with session_scope(url) as session:
         jobs.save_step(
             session,
             job_id=job_id,
@@ -119,6 +144,7 @@ def analyze_step(settings: Settings, job_id: str) -> None:
                 "parameters": len(inputs.ir.parameters),
                 "batch_size": inputs.ir.batch_size,
                 "graph_fingerprint": inputs.ir.fingerprint,
+                "prepared": planner.prepared(),
             },
         )
 
@@ -137,6 +163,8 @@ def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
         comm=inputs.comm,
         progress=monitor.progress,
         cancel=monitor.cancelled,
+        deadline=inputs.deadline,
+        prepared=inputs.prepared,
     )
 
 

@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers over :mod:`tagplan.workers.steps` (STYLE.md §3).
+"""Celery tasks: thin wrappers over :mod:`tagplan.workers.steps` (docs/design.md §9).
 
 A task gets the job id (and shard, seed), never the inputs. Outcomes:
 
@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 from sqlalchemy.exc import OperationalError
 
 from tagplan.db import jobs
@@ -36,6 +37,18 @@ __all__ = ["analyze_job", "finish_job", "search_shard"]
 log = logging.getLogger(__name__)
 RETRY_DELAY_S = 5
 MAX_RETRIES = 10
+
+
+@worker_process_init.connect
+def _warm_up(**_: object) -> None:
+    """Each worker process compiles the simulator before its first job (see
+    :func:`~tagplan.planner.evaluate.warm_up`); a warm-up that fails is logged, not fatal."""
+    from tagplan.planner.evaluate import warm_up
+
+    try:
+        log.info("simulator warmed up in %.2f s", warm_up())
+    except Exception:
+        log.exception("the simulator's warm-up failed; serving anyway")
 
 
 def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None]) -> bool:
@@ -76,7 +89,7 @@ def _fail(url: str, job_id: str, reason: str) -> None:
 @app.task(name="tagplan.analyze", bind=True)
 def analyze_job(self: Task, job_id: str) -> None:
     """Parse and analyze the graph (a bad graph fails the job here, before any search),
-    then start the search shards."""
+    group it and score the baselines once, then start the search shards."""
     settings = get_settings()
     if _run(self, job_id, "analyze", "analyze", lambda: steps.analyze_step(settings, job_id)):
         options = steps.job_options(settings, job_id)
@@ -90,7 +103,7 @@ def search_shard(self: Task, job_id: str, shard: int, seed: int) -> None:
         self,
         job_id,
         steps.shard_step(shard),
-        "group",  # the shard's planner regroups and rescores baselines, then searches
+        "search",  # grouping and baselines come prepared by the analyze step
         lambda: steps.search_step(get_settings(), job_id, shard, seed),
     )
 

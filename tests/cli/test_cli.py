@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tagplan.cli import app
-from tagplan.cli.common import EXIT_BAD_INPUT
-from tests.planner.graph.builders import dense_graph, document, op
+from tagplan.cli.common import EXIT_BAD_INPUT, print_json
+from tests.planner.graph.builders import const, dense_graph, document, op
 
 runner = CliRunner()
 PROFILES = Path(__file__).resolve().parents[2] / "bench" / "profiles"
@@ -36,6 +36,45 @@ def test_analyze_json_has_the_documented_fields() -> None:
         assert key in summary
     assert summary["batch_size"] == 32
     assert set(summary["split_categories"]) == {"split-concat", "split-sum", "none"}
+
+
+def test_analyze_lists_op_types_without_a_cost_formula(tmp_path) -> None:
+    doc = dense_graph(batch=8)
+    doc["nodes"] += [
+        const("axis", [0]),
+        op("running", "Cumsum", ["y", "axis"], [8, 3], Tidx={"type": "int32"}),
+    ]
+    for entry in doc["nodes"]:  # the loss sums the running sums
+        if entry["name"] == "loss":
+            entry["inputs"][0] = "running"
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(doc))
+    result = invoke("analyze", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["no_cost_formula"] == {"Cumsum": 1}
+    assert "without a cost formula" in invoke("analyze", str(path)).output
+
+
+def test_a_graph_without_a_clear_loss_is_named_in_a_warning_and_takes_loss(tmp_path) -> None:
+    doc = dense_graph(batch=8)
+    doc["nodes"].append(op("total", "Sum", ["y", "axes"], [], Tidx={"type": "int32"}))
+    for entry in doc["nodes"]:  # two scalars nobody reads, neither named "loss"
+        if entry["name"] == "loss":
+            entry["name"] = "other"
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(doc))
+    unclear = invoke("analyze", str(path), "--json")
+    assert unclear.exit_code == 0 and "no loss found" in unclear.stderr
+    extras = {"analyze": [], "cost": ["--gpu", "T4"], "simulate": ["-c", "testbed", "-s", "single"]}
+    for command, extra in extras.items():
+        named = invoke(command, str(path), "--loss", "total", *extra, "--json")
+        assert named.exit_code == 0, named.output
+        assert "no loss found" not in named.stderr
+
+
+def test_json_output_is_strict_json_with_null_for_non_finite_numbers(capsys) -> None:
+    print_json({"worst": float("inf"), "errors": [float("nan"), 1.5]})
+    assert json.loads(capsys.readouterr().out) == {"worst": None, "errors": [None, 1.5]}
 
 
 def test_analyze_batch_size_option(tmp_path) -> None:
@@ -227,6 +266,17 @@ def test_verify_passes_for_data_parallelism_and_reports_json() -> None:
 
 
 @pytest.mark.tf
+def test_verify_runs_a_graph_file_at_its_own_batch_and_says_so(tmp_path) -> None:
+    from tagplan.planner.zoo import read_graph_bytes
+
+    path = tmp_path / "mlp.pb"
+    path.write_bytes(read_graph_bytes("mlp"))
+    result = invoke("verify", str(path), "-c", "testbed", "-s", "dp-nccl", "-b", "4")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "was built for batch 32 and runs at it" in result.output
+
+
+@pytest.mark.tf
 def test_verify_refuses_another_image_size_for_a_model_without_global_pooling() -> None:
     result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--image-size", "64")
     assert result.exit_code != 0
@@ -241,3 +291,23 @@ def test_verify_refuses_a_step_over_its_memory_limit_with_the_estimate() -> None
     assert result.exit_code == 2
     assert "needs about 1.0 GiB of memory and the limit is 0.5 GiB" in result.output
     assert "--precision float32" in result.output
+
+
+def test_submit_to_a_closed_port_is_one_line_and_its_own_exit_code() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = invoke("submit", "zoo:mlp", "-c", "testbed", "--server", f"http://127.0.0.1:{port}")
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    url = f"http://127.0.0.1:{port}"
+    assert len(lines) == 1 and f"cannot reach the tagplan service at {url}" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_submit_of_a_missing_graph_file_is_bad_input() -> None:
+    result = invoke("submit", "no/such/graph.pb", "-c", "testbed")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "No such file" in result.stderr and "Traceback" not in result.output

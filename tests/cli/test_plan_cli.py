@@ -24,6 +24,9 @@ def test_plan_json_and_output_directory(tmp_path) -> None:
         assert key in summary
     assert summary["iterations"] == 5
     assert summary["speedup_vs_dp_nccl"] == summary["baselines"]["dp-nccl"] / summary["step_time_s"]
+    assert load_strategy(json.dumps(summary["strategy"])) == load_strategy(
+        (out / "strategy.json").read_text()
+    )
     files = {p.name for p in out.iterdir()}
     assert files >= {
         "strategy.json",

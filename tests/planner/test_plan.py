@@ -9,6 +9,7 @@ import pytest
 
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
+from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.topology import load_cluster
 from tests.planner.clusters import gpus
 from tests.planner.compile.own_process import verify_many_apart
@@ -32,6 +33,11 @@ def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None
     assert result.speedup_vs_dp_nccl == pytest.approx(
         result.baselines["dp-nccl"] / result.step_time_s
     )
+    data_parallel = {n: s for n, s in result.baselines.items() if n in DATA_PARALLEL_BASELINES}
+    best = min((s, n) for n, s in data_parallel.items() if s is not None)
+    assert result.best_data_parallel == (best[1], best[0])
+    assert result.speedup_vs_best_data_parallel == pytest.approx(best[0] / result.step_time_s)
+    assert "the best data-parallel baseline" in result.report_markdown()
     assert 0 < result.lower_bound_s <= result.step_time_s
     assert result.iterations == 30
     # phases in order, each reported

@@ -1,4 +1,4 @@
-"""Strategy JSON and its validation against a graph and a cluster (DESIGN.md §4)."""
+"""Strategy JSON and its validation against a graph and a cluster (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""One embedded service for the API tests: SQLite in a temporary directory, the Celery
-worker in-process (the production task code on the in-memory broker), small limits so
-the limit tests send small bodies."""
+"""One embedded service for the API tests: a fresh database on the PostgreSQL server here
+(what production runs: its column types refuse what SQLite stores), the Celery worker
+in-process (the production task code on the in-memory broker), small limits so the limit
+tests send small bodies."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tagplan.db.keys import create_key
 from tagplan.db.session import session_scope
 from tagplan.service.app import create_app
 from tagplan.settings import get_settings
+from tests.backends import fresh_postgres_database
 
 LIMITS = {
     "TAGPLAN_MAX_REQUEST_BYTES": str(1 << 20),
@@ -27,13 +29,16 @@ LIMITS = {
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    saved = {k: os.environ.get(k) for k in (*LIMITS, "TAGPLAN_DATA_DIR", "TAGPLAN_BROKER_URL")}
+    names = (*LIMITS, "TAGPLAN_DATA_DIR", "TAGPLAN_BROKER_URL", "TAGPLAN_DATABASE_URL")
+    saved = {k: os.environ.get(k) for k in names}
     os.environ.pop("TAGPLAN_BROKER_URL", None)
     os.environ.update(LIMITS, TAGPLAN_DATA_DIR=str(tmp_path_factory.mktemp("tagplan-data")))
-    get_settings.cache_clear()
     try:
-        with TestClient(create_app()) as client:
-            yield client
+        with fresh_postgres_database() as url:
+            os.environ["TAGPLAN_DATABASE_URL"] = url
+            get_settings.cache_clear()
+            with TestClient(create_app()) as client:
+                yield client
     finally:
         for key, value in saved.items():
             if value is None:
@@ -43,16 +48,23 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         get_settings.cache_clear()
 
 
-def make_key(*scopes: str, rate_limit: int | None = None) -> dict[str, str]:
-    """Authorization headers of a new key with ``scopes``."""
+def make_key(
+    *scopes: str, rate_limit: int | None = None, tenant: str | None = None
+) -> dict[str, str]:
+    """Authorization headers of a new key with ``scopes`` (a tenant of its own unless
+    ``tenant`` names one)."""
     with session_scope(get_settings().sqlalchemy_url) as session:
-        _, token = create_key(session, scopes=scopes, rate_limit=rate_limit)
+        _, token = create_key(session, scopes=scopes, rate_limit=rate_limit, tenant=tenant)
     return {"Authorization": f"Bearer {token}"}
+
+
+TENANT = "tests"
+"""The tenant of :func:`admin` and of the keys that read what it submits."""
 
 
 @pytest.fixture(scope="session")
 def admin(service: TestClient) -> dict[str, str]:
-    return make_key("admin")
+    return make_key("admin", tenant=TENANT)
 
 
 def wait_for(client: TestClient, headers: dict[str, str], job_id: str, timeout_s: float = 240):

@@ -29,9 +29,10 @@ def test_stored_cluster_round_trip(service: TestClient) -> None:
     spec = {
         "machines": [{"name": "a", "gpus": {"type": "T4", "count": 2}, "intra_bandwidth_gbps": 96}]
     }
-    stored = service.post("/v1/clusters", json=spec, headers=make_key("submit"))
+    stored = service.post("/v1/clusters", json=spec, headers=make_key("submit", tenant="acme"))
     assert stored.status_code == 201
-    again = service.get(f"/v1/clusters/{stored.json()['id']}", headers=make_key("read")).json()
+    reader = make_key("read", tenant="acme")
+    again = service.get(f"/v1/clusters/{stored.json()['id']}", headers=reader).json()
     assert again["num_gpus"] == 2 and again["fingerprint"] == stored.json()["fingerprint"]
     assert_problem(service.get("/v1/clusters/nope", headers=make_key("read")), 404)
 

@@ -37,6 +37,7 @@ def _job(key: str) -> Job:
     return Job(
         id=str(uuid.uuid4()),
         key=key,
+        tenant="acme",
         graph_id="g" * 64,
         cluster_id="c" * 64,
         options={},

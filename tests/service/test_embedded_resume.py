@@ -12,18 +12,20 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.models import Job, JobStatus
 from tagplan.db.session import session_scope
-from tagplan.service.client import TagplanClient
+from tagplan.service.client import ServiceUnreachable, TagplanClient
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.schemas import PlanOptionsIn
 from tagplan.settings import Settings
 from tests.backends import environment_without_settings
+
+TENANT = "acme"
+"""The tenant of the job and of the key that polls it."""
 
 
 def _free_port() -> int:
@@ -36,13 +38,14 @@ def _free_port() -> int:
 def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
     tmp_path: Path,
 ) -> None:
-    settings = Settings(data_dir=tmp_path)
+    # the embedded defaults the child service reads, whatever this process's environment says
+    settings = Settings(data_dir=tmp_path, database_url=None, broker_url=None)
     url = settings.sqlalchemy_url
     upgrade(url)
     data, inputs, loss = zoo_graph("mlp")
     with session_scope(url) as session:  # what a service stopped right after a submit leaves
-        graph = store_graph(session, settings, data, label="zoo:mlp")
-        cluster = store_cluster(session, cluster_from_input(settings, "testbed"))
+        graph, _ = store_graph(session, settings, data, tenant=TENANT, label="zoo:mlp")
+        cluster = store_cluster(session, cluster_from_input(settings, "testbed"), tenant=TENANT)
         job_id = str(uuid.uuid4())
         session.add(
             Job(
@@ -54,9 +57,10 @@ def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
                 loss=loss,
                 options=PlanOptionsIn(budget_s=1).model_dump(),
                 status=JobStatus.QUEUED,
+                tenant=TENANT,
             )
         )
-        _, token = create_key(session, scopes=["read"])
+        _, token = create_key(session, scopes=["read"], tenant=TENANT)
     port = _free_port()
     env = environment_without_settings()
     env["TAGPLAN_DATA_DIR"] = str(tmp_path)
@@ -74,7 +78,7 @@ def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
                 try:
                     job = client.wait(job_id, timeout_s=120, poll_s=0.3)
                     break
-                except httpx.ConnectError:
+                except ServiceUnreachable:
                     assert server.poll() is None and time.monotonic() < deadline
                     time.sleep(0.3)
             assert job["status"] == "succeeded", (tmp_path / "serve.log").read_text()[-2000:]

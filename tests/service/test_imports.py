@@ -1,5 +1,5 @@
 """The API process stays slim: importing and building the app loads neither TensorFlow
-nor torch (DESIGN.md §1)."""
+nor torch (docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.strategy import load_strategy
 from tagplan.planner.topology import dumps_cluster_spec, load_cluster
-from tests.service.conftest import assert_problem, make_key, wait_for
+from tests.service.conftest import TENANT, assert_problem, make_key, wait_for
 
 MLP = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 2}}
 
@@ -35,7 +35,7 @@ def cached(service: TestClient, admin: dict) -> dict:
 
 
 def test_same_cluster_by_fingerprint_and_by_name(service: TestClient, cached: dict) -> None:
-    reader = make_key("read")
+    reader = make_key("read", tenant=TENANT)
     query = {"graph": cached["graph_fingerprint"], "cluster": cached["cluster_fingerprint"]}
     hits = service.get("/v1/strategies", params=query, headers=reader).json()
     assert hits["count"] >= 1
@@ -67,7 +67,9 @@ def test_renumbered_cluster_hits_and_is_remapped(service: TestClient, cached: di
 
 def test_other_cluster_misses(service: TestClient, cached: dict) -> None:
     query = {"graph": cached["graph_fingerprint"], "cluster": "cloud"}
-    assert service.get("/v1/strategies", params=query, headers=make_key("read")).json() == {
+    assert service.get(
+        "/v1/strategies", params=query, headers=make_key("read", tenant=TENANT)
+    ).json() == {
         "data": [],
         "count": 0,
     }
@@ -75,5 +77,5 @@ def test_other_cluster_misses(service: TestClient, cached: dict) -> None:
 
 def test_unknown_named_cluster(service: TestClient) -> None:
     query = {"graph": "0" * 64, "cluster": "nonsense"}
-    response = service.get("/v1/strategies", params=query, headers=make_key("read"))
+    response = service.get("/v1/strategies", params=query, headers=make_key("read", tenant=TENANT))
     assert_problem(response, 422)

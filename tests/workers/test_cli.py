@@ -35,6 +35,25 @@ def test_keys_create_gives_a_working_key_with_its_scope(stack: Stack) -> None:
     assert tagplan(stack, "keys", "create", "--scope", "root").returncode == 2
 
 
+def test_keys_of_one_tenant_share_its_jobs_and_other_tenants_see_none(stack: Stack) -> None:
+    def key(tenant: str) -> dict[str, str]:
+        created = tagplan(stack, "keys", "create", "--scope", "submit", "--tenant", tenant)
+        assert created.returncode == 0 and f"of tenant {tenant} " in created.stderr
+        return {"Authorization": f"Bearer {created.stdout.strip()}"}
+
+    first, colleague, stranger = key("pool-a"), key("pool-a"), key("pool-b")
+    body = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 1}}
+    job_id = httpx.post(f"{stack.url}/v1/jobs", json=body, headers=first).json()["id"]
+    assert httpx.get(f"{stack.url}/v1/jobs/{job_id}", headers=colleague).status_code == 200
+    assert httpx.get(f"{stack.url}/v1/jobs/{job_id}", headers=stranger).status_code == 404
+    assert httpx.delete(f"{stack.url}/v1/jobs/{job_id}", headers=stranger).status_code == 404
+    assert httpx.get(f"{stack.url}/v1/jobs", headers=stranger).json()["count"] == 0
+    listed = tagplan(stack, "keys", "list")
+    assert '"pool-a"' in listed.stdout and '"pool-b"' in listed.stdout
+    bad = tagplan(stack, "keys", "create", "--scope", "read", "--tenant", "a:b")
+    assert bad.returncode == 2 and "tenant" in bad.stderr
+
+
 @pytest.mark.slow
 def test_submit_waits_and_prints_the_summary(stack: Stack) -> None:
     args = ["submit", "zoo:mlp", "-c", "testbed", "--server", stack.url, "--budget-s", "2"]
@@ -42,4 +61,5 @@ def test_submit_waits_and_prints_the_summary(stack: Stack) -> None:
     assert done.returncode == 0, done.stderr
     assert "succeeded" in done.stdout and "predicted step time" in done.stdout
     refused = tagplan(stack, *args, "--api-key", "tpk_bad_key")
-    assert refused.returncode == 2 and "401" in refused.stderr
+    assert refused.returncode == 2 and "401" in refused.stderr and "--api-key" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -1,4 +1,4 @@
-"""Batch normalization under verification by execution (:mod:`.verify`, DESIGN.md §5).
+"""Batch normalization under verification by execution (:mod:`.verify`, docs/design.md §5).
 
 Two graph rewrites, both dtype-agnostic ``GraphDef`` -> ``GraphDef`` copies in this
 package's protobuf classes:
@@ -55,6 +55,9 @@ and ``f`` the ``exponential_avg_factor``:
   (dy - mean(dy) - (x - m) * mean(dy * (x - m)) / (v + epsilon))``;
 * inference: the same with the ``mean`` and ``variance`` inputs as ``m`` and ``v``,
   ``x_backprop = dy * scale * r``.
+
+Why one module: the per-replica reference, the running-statistics copies and the float64
+lowering rewrite the same fused batch-norm ops and share their input conventions.
 """
 
 from __future__ import annotations

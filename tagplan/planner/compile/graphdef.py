@@ -1,5 +1,5 @@
 """Strategy -> distributed TensorFlow ``GraphDef``: the second half of the rewrite rules
-(TAG §4.3.1) for the execution engine (DESIGN.md §5).
+(TAG §4.3.1) for the execution engine (docs/design.md §5).
 
 The rules are those of :mod:`.tasks`, over the same :class:`~.placement.Placement`, so the
 simulated and the executed graph agree instance for instance and auxiliary op for
@@ -48,32 +48,46 @@ takes the whole batch and ``Slice`` s cut it on the GPU.
 The result carries a device map (JSON-able): worker task -> machine name and GPU ids,
 original variable -> its replica variable nodes, batch input -> ``(node, lo, hi)`` per
 replica placeholder, the node giving the full-batch ``loss`` (gathered on its first GPU
-should the loss op itself be split) and ``train_op``, a ``NoOp`` behind every update.
+should the loss op itself be split) and ``train_op``, a ``NoOp`` behind every update;
+the ``init`` op, the Saver-compatible checkpoint ops (:mod:`.state`) and the SHA-256 of
+the graph (``graph_sha256``), which a runner checks ``distributed.pb`` against.
 The IR must be at the batch size the graph was built for: constants that depend on the
 batch (the divisor of a mean loss) are not rewritten.
+
+Why one module: the GraphDef back end applies the same rewrite rules as the task graph,
+over one emitter's state (node names, copies, collective keys); split, the state would
+travel through every call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
-from tagplan.planner.compile.placement import Placement, place
+from tagplan.planner.compile.placement import Placement, place, sums_partials
+from tagplan.planner.compile.state import graph_digest, state_ops
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.params import VARIABLE_OPS
-from tagplan.planner.graph.protos import GraphDef, NodeDef
+from tagplan.planner.graph.protos import AttrValue, GraphDef, NodeDef
 from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["AUXILIARY_KINDS", "DistributedGraph", "compile_graphdef", "worker_device"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
+_SPLIT = int(Mode.SPLIT)
+_AGGREGATE_SUM, _AGGREGATE_MEAN, _AGGREGATE_LOCAL = (
+    int(Aggregation.SUM),
+    int(Aggregation.MEAN),
+    int(Aggregation.LOCAL),
+)
 _DT_INT32, _DT_INT64 = 3, 9
 _NUMPY = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
 AUXILIARY_KINDS = ("split", "concat", "addn", "allreduce")
@@ -188,16 +202,24 @@ class _Emitter:
         return name
 
 
+@lru_cache(maxsize=1 << 14)
+def _shapes_attr(shapes: tuple[tuple[int, ...], ...]) -> Any:
+    """The ``_output_shapes`` attribute of ``shapes``, built once per distinct list (a
+    replicated op's instances mostly share one)."""
+    attr = AttrValue()
+    for shape in shapes:
+        proto = attr.list.shape.add()
+        for size in shape:
+            proto.dim.add().size = int(size)
+    return attr
+
+
 def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
     if "_output_shapes" in node.attr:
         del node.attr["_output_shapes"]
     if not shapes or any(s is None for s in shapes):
         return
-    listed = node.attr["_output_shapes"].list
-    for shape in shapes:
-        proto = listed.shape.add()
-        for size in shape:
-            proto.dim.add().size = int(size)
+    node.attr["_output_shapes"].CopyFrom(_shapes_attr(tuple(tuple(s) for s in shapes)))
 
 
 class _Compiler:
@@ -216,6 +238,7 @@ class _Compiler:
         if missing:
             raise InvalidInput(f"the IR names ops {missing[:3]} that the GraphDef does not hold")
         self.placement = place(ir, resolved)
+        self.adds_partials = sums_partials(ir) & (self.placement.op_mode == Mode.SPLIT)
         self.devices = [worker_device(cluster, d) for d in range(cluster.num_devices)]
         self.instance_node = [
             name if len(self.placement.instances(op)) == 1 else f"{name}/replica_{k}"
@@ -225,6 +248,14 @@ class _Compiler:
         self.out = _Emitter(taken=set(ir.op_names) | set(self.instance_node))
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
+        # per-replica values (_MEAN, _LOCAL) and partial sums by (tensor, device)
+        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
+        self.partials: dict[tuple[int, int, int, int], _Copy] = {}
+        self.control_inputs: dict[int, list[str]] = {}  # op -> the ^inputs its instances get
+        # per op, what every instance needs: input and output tensors, instance count
+        self.op_inputs = [ir.inputs(op).tolist() for op in range(ir.num_ops)]
+        self.op_outputs = [list(ir.outputs(op)) for op in range(ir.num_ops)]
+        self.op_count = np.diff(self.placement.inst_ptr).tolist()
         self.auxiliary: list[tuple[str, tuple[str, ...]]] = []
         self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
         self.local_consts: dict[tuple[int, int, int, int], str] = {}
@@ -450,9 +481,38 @@ class _Compiler:
 
     def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
         """Per-replica statistics and shapes are read where they are, by the same replica."""
-        local = [c for c in self.copies[tensor] if c.kind in (_MEAN, _LOCAL) and c.device == device]
+        local = self.replica_values.get((tensor, device))
+        if not local:
+            return None
         exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
-        return (exact or local or [None])[0]
+        return (exact or local)[0]
+
+    def _partial(self, tensor: int, device: int, lo: int, hi: int) -> _Copy:
+        """The partial sum of the replica over rows ``[lo, hi)`` on ``device`` (a split op
+        that adds up partials is placed only where they are)."""
+        return self.partials[(tensor, device, lo, hi)]
+
+    def _control_inputs(self, op: int) -> list[str]:
+        """``^`` inputs making every instance of ``op`` wait for every instance of its
+        control predecessors: directly when that is few edges, else through one ``NoOp``
+        that waits for them all (the same ordering, ``p + s`` edges instead of ``p * s``)."""
+        found = self.control_inputs.get(op)
+        if found is not None:
+            return found
+        placement = self.placement
+        waits = [
+            f"^{self.instance_node[i]}"
+            for pred in self.ir.control_preds(op).tolist()
+            for i in placement.instances(pred)
+        ]
+        count = len(placement.instances(op))
+        if len(waits) * count > len(waits) + count:
+            first = int(placement.inst_device[placement.inst_ptr[op]])
+            barrier = self.out.name(f"{self.ir.op_names[op]}/control_barrier")
+            self.out.node(barrier, "NoOp", self.devices[first], waits)
+            waits = [f"^{barrier}"]
+        self.control_inputs[op] = waits
+        return waits
 
     def _hub(self, tensor: int) -> int:
         whole = [c for c in self.copies[tensor] if c.kind == _FULL]
@@ -524,18 +584,18 @@ class _Compiler:
     def _publish(self, op: int, inst: int, node: str) -> None:
         device = int(self.placement.inst_device[inst])
         lo, hi = int(self.placement.inst_lo[inst]), int(self.placement.inst_hi[inst])
-        split = self.placement.op_mode[op] == Mode.SPLIT
+        split = self.placement.op_mode[op] == _SPLIT
         batch = self.ir.batch_size
-        for slot, tensor in enumerate(self.ir.outputs(op)):
+        for slot, tensor in enumerate(self.op_outputs[op]):
             carries = self.ir.tensor_batch_axis[tensor] >= 0
             aggregation = int(self.ir.tensor_aggregation[tensor])
             if not split:
                 kind, lo_t, hi_t = _FULL, 0, batch
-            elif aggregation == Aggregation.SUM:
+            elif aggregation == _AGGREGATE_SUM:
                 kind, lo_t, hi_t = _SUM, lo, hi
-            elif aggregation == Aggregation.MEAN:
+            elif aggregation == _AGGREGATE_MEAN:
                 kind, lo_t, hi_t = _MEAN, lo, hi
-            elif aggregation == Aggregation.LOCAL:
+            elif aggregation == _AGGREGATE_LOCAL:
                 kind, lo_t, hi_t = _LOCAL, lo, hi
             elif carries:
                 kind, lo_t, hi_t = (_FULL if (lo, hi) == (0, batch) else _SLICE), lo, hi
@@ -545,22 +605,32 @@ class _Compiler:
             self.copies[tensor].append(copy)
             if kind in (_FULL, _SLICE):
                 self.cache.setdefault((int(tensor), device, lo_t, hi_t), copy)
+            elif kind == _SUM:
+                self.partials[(int(tensor), device, lo_t, hi_t)] = copy
+            else:
+                self.replica_values.setdefault((int(tensor), device), []).append(copy)
 
     def _instance(self, op: int, inst: int) -> None:
         ir, placement = self.ir, self.placement
         name = self.instance_node[inst]
         device = int(placement.inst_device[inst])
         lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
-        split = placement.op_mode[op] == Mode.SPLIT
+        split = placement.op_mode[op] == _SPLIT
+        adds_partials = bool(self.adds_partials[op])
         inputs: list[str] = []
-        for position, tensor in enumerate(ir.inputs(op).tolist()):
+        for position, tensor in enumerate(self.op_inputs[op]):
             if split and ir.tensor_batch_axis[tensor] >= 0:
                 copy = self._slice(tensor, device, lo, hi, op)
+            elif adds_partials and ir.tensor_aggregation[tensor] == _AGGREGATE_SUM:
+                copy = self._partial(tensor, device, lo, hi)
             else:
                 copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
-            inputs.append(self._local_shape(op, position, copy.ref, inst) if split else copy.ref)
-        for pred in ir.control_preds(op).tolist():
-            inputs.extend(f"^{self.instance_node[i]}" for i in placement.instances(pred))
+            local_rows = split and not adds_partials
+            inputs.append(
+                self._local_shape(op, position, copy.ref, inst) if local_rows else copy.ref
+            )
+        if len(ir.control_preds(op)):
+            inputs.extend(self._control_inputs(op))
         node = NodeDef()
         node.CopyFrom(self.originals[ir.op_names[op]])
         node.name, node.device = name, self.devices[device]
@@ -568,12 +638,11 @@ class _Compiler:
         node.input.extend(inputs)
         if "_class" in node.attr:
             del node.attr["_class"]
-        count = len(placement.instances(op))
-        if count > 1 and ir.op_types[op] in VARIABLE_OPS:
+        if self.op_count[op] > 1 and ir.op_types[op] in VARIABLE_OPS:
             shared = node.attr["shared_name"].s.decode() or ir.op_names[op]
             replica = inst - int(placement.inst_ptr[op])
             node.attr["shared_name"].s = f"{shared}/replica_{replica}".encode()
-        outputs = ir.outputs(op)
+        outputs = self.op_outputs[op]
         shapes = [self._shape(t, lo, hi) if split else ir.tensor_shapes[t] for t in outputs]
         _set_shapes(node, shapes)
         self.out.nodes[name] = node
@@ -607,10 +676,18 @@ class _Compiler:
     def _fold_inputs(self) -> dict[str, list[list[Any]]]:
         """Fold the lone ``Slice`` of a replica's placeholder into the feed."""
         ir, placement, nodes = self.ir, self.placement, self.out.nodes
+        # readers of the placeholders' instances and of the slices (the only names looked up)
+        wanted = set(self.slices).union(
+            self.instance_node[i]
+            for op in ir.batch_input_ops.tolist()
+            for i in placement.instances(op)
+        )
         readers: dict[str, list[str]] = {}
         for node in nodes.values():
             for ref in node.input:
-                readers.setdefault(_node_of(ref.lstrip("^")), []).append(node.name)
+                source = _node_of(ref.lstrip("^"))
+                if source in wanted:
+                    readers.setdefault(source, []).append(node.name)
         inputs: dict[str, list[list[Any]]] = {}
         for op in ir.batch_input_ops.tolist():
             entries = inputs.setdefault(ir.op_names[op], [])
@@ -623,12 +700,21 @@ class _Compiler:
                 foldable = node.op == "Placeholder" and len(ir.outputs(op)) == 1
                 if foldable and users and len(cuts) == 1 and all(u in self.slices for u in users):
                     lo, hi = cuts.pop()
-                    self._fold(name, users, int(ir.outputs(op)[0]), lo, hi)
+                    self._fold(name, users, int(ir.outputs(op)[0]), lo, hi, readers)
                 entries.append([name, lo, hi])
         return inputs
 
-    def _fold(self, name: str, slices: list[str], tensor: int, lo: int, hi: int) -> None:
-        """Give placeholder ``name`` the rows ``[lo, hi)`` and drop its ``slices``."""
+    def _fold(
+        self,
+        name: str,
+        slices: list[str],
+        tensor: int,
+        lo: int,
+        hi: int,
+        readers: dict[str, list[str]],
+    ) -> None:
+        """Give placeholder ``name`` the rows ``[lo, hi)`` and drop its ``slices``; their
+        ``readers`` (by node name) read the placeholder instead."""
         nodes = self.out.nodes
         local = self._shape(tensor, lo, hi)
         placeholder = nodes[name]
@@ -639,8 +725,9 @@ class _Compiler:
             for size in local:
                 shape.dim.add().size = size
         _set_shapes(placeholder, [local])
-        for node in nodes.values():
-            for i, ref in enumerate(node.input):
+        for reader in {r for piece in slices for r in readers.get(piece, ())}:
+            node = nodes.get(reader)
+            for i, ref in enumerate(node.input if node is not None else ()):
                 if ref in slices:
                     node.input[i] = name
         for piece in slices:
@@ -682,6 +769,10 @@ class _Compiler:
             for op in range(ir.num_ops)
             if ir.op_types[op] in VARIABLE_OPS
         }
+        added, state = state_ops(
+            self.source, self.out.nodes, variables, set(ir.op_names), self.out.name
+        )
+        self.out.nodes.update((node.name, node) for node in added)
         graph_def = GraphDef()
         graph_def.versions.CopyFrom(self.source.versions)
         graph_def.library.CopyFrom(self.source.library)
@@ -701,6 +792,8 @@ class _Compiler:
             "inputs": inputs,
             "loss": loss,
             "train_op": train_op,
+            **state,
+            "graph_sha256": graph_digest(graph_def),
         }
         return DistributedGraph(
             graph_def=graph_def,

@@ -19,20 +19,23 @@ from tagplan.planner.topology import Cluster
 __all__ = ["lower_for_cpu", "to_float64"]
 
 _DT_FLOAT, _DT_DOUBLE, _REF = 1, 2, 100
-_WORKER_DEVICE = re.compile(r"^/job:worker/replica:0/task:(\d+)/device:GPU:(\d+)$")
+_WORKER_DEVICE = re.compile(r"^/job:worker/replica:0/task:(\d+)/device:(GPU|CPU):(\d+)$")
 
 
 def _name(ref: str) -> str:
     return ref.lstrip("^").split(":")[0]
 
 
-def _cpu_devices(cluster: Cluster) -> dict[tuple[int, int], str]:
-    return {
-        (int(cluster.device_machine[d]), int(cluster.device_local_index[d])): (
-            f"/job:localhost/replica:0/task:0/device:CPU:{d}"
-        )
-        for d in range(cluster.num_devices)
-    }
+def _cpu_devices(cluster: Cluster) -> dict[tuple[int, str, int], str]:
+    """Worker device -> its virtual CPU: a GPU's own; a task's CPU (where the state ops
+    of :mod:`.state` run) shares that of the task's first GPU."""
+    found: dict[tuple[int, str, int], str] = {}
+    for d in range(cluster.num_devices):
+        machine = int(cluster.device_machine[d])
+        device = f"/job:localhost/replica:0/task:0/device:CPU:{d}"
+        found[(machine, "GPU", int(cluster.device_local_index[d]))] = device
+        found.setdefault((machine, "CPU", 0), device)
+    return found
 
 
 def lower_for_cpu(graph_def: Any, cluster: Cluster) -> Any:
@@ -73,7 +76,7 @@ def lower_for_cpu(graph_def: Any, cluster: Cluster) -> Any:
         new.CopyFrom(lowered.get(node.name, node))
         if new.device:
             match = _WORKER_DEVICE.match(new.device)
-            key = (int(match.group(1)), int(match.group(2))) if match else None
+            key = (int(match.group(1)), match.group(2), int(match.group(3))) if match else None
             if key not in cpus:
                 raise InvalidInput(f"{node.name}: device {new.device!r} is not in the cluster")
             new.device = cpus[key]

@@ -8,6 +8,10 @@ Per op, from its group's decision and its split category (TAG §4.1.1):
   its other ops run once on the group's first GPU when they read batch data (a loss
   ``Mean`` needs the whole batch), or on every GPU of the group when they do not (a
   weight read or transform is cheaper to repeat than to send);
+* a *split-sum* op without batch input (an ``AddN`` of partial gradients) runs per
+  replica, adding up that replica's partials, when every partial it reads comes from
+  replicas laid out exactly as its own (same GPUs, same rows); otherwise it is a
+  non-batch op like any other and reads the summed partials;
 * parameters follow their synchronization (TAG §4.2): with AllReduce the variable, its
   optimizer slots and its update are mirrored on every GPU of the group (identical
   initial values, identical updates); with a parameter server they live on the PS GPU;
@@ -24,11 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tagplan.planner.graph.batch import SplitCategory
+from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, ResolvedStrategy
 
-__all__ = ["Placement", "batch_slices", "place"]
+__all__ = ["Placement", "batch_slices", "place", "sums_partials"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +89,19 @@ def _has_batch_input(ir: GraphIR) -> np.ndarray:
     found = np.zeros(ir.num_ops, dtype=bool)
     found[reader[ir.tensor_batch_axis[ir.op_input_tensor] >= 0]] = True
     return found
+
+
+def sums_partials(ir: GraphIR) -> np.ndarray:
+    """Per op: a *split-sum* op without batch input, which adds up partial sums (an
+    ``AddN`` of partial gradients): split, each replica reads its own partials."""
+    return (ir.split_category == SplitCategory.SPLIT_SUM) & ~_has_batch_input(ir)
+
+
+def _partial_producers(ir: GraphIR, op: int) -> list[int]:
+    """The producers of the partial sums ``op`` reads."""
+    inputs = ir.inputs(op)
+    partial = ir.tensor_aggregation[inputs] == Aggregation.SUM
+    return ir.tensor_producer[inputs[partial]].tolist()
 
 
 def _parameter_ops(ir: GraphIR) -> np.ndarray:
@@ -159,6 +176,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     has_batch_input = _has_batch_input(ir).tolist()
     parameter_op = _parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
+    adds_partials = sums_partials(ir).tolist()
     sfb_op = resolved.sfb_op.tolist()
     layouts = _group_layouts(resolved, batch)
     on_device: dict[int, tuple[int, np.ndarray]] = {}  # model-parallel placements
@@ -174,6 +192,15 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
             mode, placed = on_device[device]
         elif parameter_op[op]:  # variables, optimizer slots and updates
             mode, placed = layout.parameter
+        elif (
+            adds_partials[op]
+            and not sfb_op[op]
+            and all(
+                modes[p] == layout.split[0] and np.array_equal(rows[p], layout.split[1])
+                for p in _partial_producers(ir, op)
+            )
+        ):
+            mode, placed = layout.split
         elif not has_batch_input[op] or sfb_op[op]:
             mode, placed = layout.no_batch
         elif no_split[op]:  # stateful ops are here too

@@ -210,9 +210,12 @@ def load_original(
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
     if double:
         feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
-    if train is None:  # every sink of the step, as the compiled train_op
+    if train is None:  # every sink of the step (the train op NoOp, updates), as compiled
         used = {_name(i) for node in graph_def.node for i in node.input}
-        train = [n for n in ir.op_names if n not in used]
+        step = set(ir.op_names) | set(ir.dropped["noop"])
+        train = [
+            node.name for node in graph_def.node if node.name not in used and node.name in step
+        ]
     return Original(graph_spec, graph_def, ir, feed, init, train, initial)
 
 

@@ -54,9 +54,11 @@ class TaskBuilder:
     duration: list[float] = field(default_factory=list)
     group: list[int] = field(default_factory=list)
     nbytes: list[int] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     link_count: list[int] = field(default_factory=list)
     link_index: list[int] = field(default_factory=list)
+    link_share: list[float] = field(default_factory=list)
     edge_src: list[int] = field(default_factory=list)
     edge_dst: list[int] = field(default_factory=list)
     buffer_device: list[int] = field(default_factory=list)
@@ -74,16 +76,23 @@ class TaskBuilder:
         name: str,
         *,
         nbytes: int = 0,
-        links: list[int] | tuple[int, ...] = (),
+        links: Sequence[int] = (),
+        shares: Sequence[float] = (),
+        latency_s: float = 0.0,
     ) -> int:
+        """A task; a transfer or collective names its ``links`` with its ``shares`` of
+        them (all of each when not given) and the latency part of its ``seconds``
+        (:mod:`.links`)."""
         self.kind.append(kind)
         self.device.append(device)
         self.duration.append(float(seconds))
         self.group.append(group)
         self.nbytes.append(nbytes)
+        self.latency.append(latency_s)
         self.names.append(name)
         self.link_count.append(len(links))
         self.link_index.extend(links)
+        self.link_share.extend(shares or [1.0] * len(links))
         return len(self.kind) - 1
 
     def buffer(self, device: int, nbytes: int, producer: int) -> int:
@@ -106,6 +115,7 @@ class TaskBuilder:
         self.duration.extend(seconds)
         self.group.extend([group] * count)
         self.nbytes.extend([0] * count)
+        self.latency.extend([0.0] * count)
         self.names.extend(names)
         self.link_count.extend([0] * count)
         return list(range(first, first + count))
@@ -151,8 +161,10 @@ class TaskBuilder:
             task_priority=np.zeros(n, dtype=np.float64),
             task_group=np.array(self.group, dtype=np.int32),
             task_bytes=np.array(self.nbytes, dtype=np.int64),
+            task_latency_s=np.array(self.latency, dtype=np.float64),
             link_ptr=link_ptr,
             link_index=np.array(self.link_index, dtype=np.int32),
+            link_share=np.array(self.link_share, dtype=np.float64),
             succ_ptr=succ_ptr,
             succ_index=succ_index,
             buffer_device=np.array(self.buffer_device, dtype=np.int32),

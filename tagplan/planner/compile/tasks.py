@@ -14,15 +14,19 @@ tensor an instance reads is brought to it by the rules of TAG §4.3.1:
 * a gradient summed over replicas that feed mirrored parameter updates on the same GPUs:
   one AllReduce (ring or hierarchical); to a parameter server: pushes and an ``AddN``.
 
-A tensor is sent to each destination GPU once, not once per reading op. Transfers hold
+A tensor is sent to each destination GPU once, not once per reading op. Transfers use
 the links of their path: the sender's and receiver's ports into their machine, and each
-machine's network uplink and downlink when they cross machines; a collective holds the
-ports and uplinks of every participant.
+machine's network uplink and downlink when they cross machines; a collective uses the
+ports and uplinks of every participant (:mod:`.links`: routes, shares, latency parts).
 
 A search compiles hundreds of strategies of one graph, so :class:`TaskCompiler` prepares
 what does not depend on the strategy once — the IR's adjacency and tensor sizes as Python
 lists, every path's links, op times per GPU and local batch, communication times per
 devices and bytes — and the loop over op instances touches only lists and dicts.
+
+Why one module: the rewrite rules share the per-compile state (copies of every tensor, the
+transfer cache, the collectives awaiting their sync mode); split, each part would take
+that state as arguments in the innermost loop of the search.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
-from tagplan.planner.compile.placement import Placement, place
+from tagplan.planner.compile.links import LinkLayout, latency_part_s, ring_bytes_per_link
+from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.task_builder import TaskBuilder
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
@@ -157,17 +162,7 @@ class TaskCompiler:
             costs.gpu(t).memory_bandwidth_gb_per_s * 1e9 * efficiency.memory
             for t in self.device_type
         ]
-        num_devices, num_machines = cluster.num_devices, cluster.num_machines
-        self.num_links = 2 * num_devices + 2 * num_machines
-        self.link_names = (
-            [f"{n}/out" for n in cluster.device_names]
-            + [f"{n}/in" for n in cluster.device_names]
-            + [f"{n}/uplink" for n in cluster.machine_names]
-            + [f"{n}/downlink" for n in cluster.machine_names]
-        )
-        self.path_links = [
-            [self._path_links(src, dst) for dst in range(num_devices)] for src in range(num_devices)
-        ]
+        self.links = LinkLayout(cluster)
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self._op_times: dict[tuple[int, int], tuple[list[float], list[bool]]] = {}
         self._p2p_s: dict[tuple[int, int, int], float] = {}
@@ -177,24 +172,6 @@ class TaskCompiler:
         """The task graph of one resolved strategy."""
         with _collector_paused():
             return _Compiler(self, resolved).compile()
-
-    # links ---------------------------------------------------------------------------------
-    def _path_links(self, src: int, dst: int) -> list[int]:
-        d, m = self.cluster.num_devices, self.cluster.num_machines
-        machine = self.device_machine
-        links = [src, d + dst]
-        if machine[src] != machine[dst]:
-            links += [2 * d + machine[src], 2 * d + m + machine[dst]]
-        return links
-
-    def collective_links(self, devices: tuple[int, ...]) -> list[int]:
-        """Every participant's ports, and the uplinks of their machines if more than one."""
-        d, m = self.cluster.num_devices, self.cluster.num_machines
-        links = list(devices) + [d + x for x in devices]
-        machines = sorted({self.device_machine[x] for x in devices})
-        if len(machines) > 1:
-            links += [2 * d + x for x in machines] + [2 * d + m + x for x in machines]
-        return links
 
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
@@ -245,6 +222,9 @@ class _Compiler:
         self.placement = placement = place(fixed.ir, resolved)
         self.op_group = resolved.op_group.tolist()
         self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
+        self.op_adds_partials = (
+            sums_partials(fixed.ir) & (placement.op_mode == Mode.SPLIT)
+        ).tolist()
         self.inst_ptr = placement.inst_ptr.tolist()
         self.inst_device = placement.inst_device.tolist()
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
@@ -252,6 +232,7 @@ class _Compiler:
         self.out = TaskBuilder(fixed.cluster.num_devices)
         self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
+        self.partials: dict[tuple[int, int, int, int], _Copy] = {}  # partial sums, same key
         # per-replica values (batch statistics, shapes) by tensor, then device
         self.replica_values: dict[int, dict[int, list[_Copy]]] = {}
         self.compute_s = 0.0
@@ -269,14 +250,18 @@ class _Compiler:
     def _transfer(self, tensor: int, copy: _Copy, dst: int, group: int) -> _Copy:
         fixed = self.fixed
         nbytes = self._bytes(tensor, copy.lo, copy.hi)
+        seconds = fixed.p2p_seconds(copy.device, dst, nbytes)
+        route = fixed.links.path(copy.device, dst)
         task = self.out.task(
             TRANSFER,
             -1,
-            fixed.p2p_seconds(copy.device, dst, nbytes),
+            seconds,
             group,
             f"send {fixed.tensor_names[tensor]}[{copy.lo}:{copy.hi}] -> {fixed.device_names[dst]}",
             nbytes=nbytes,
-            links=fixed.path_links[copy.device][dst],
+            links=route.links,
+            shares=route.shares,
+            latency_s=latency_part_s(seconds, nbytes / route.rate_bytes_per_s),
         )
         self.out.read(copy, task)
         buffer = self.out.buffer(dst, self._bytes(tensor, copy.lo, copy.hi, memory=True), task)
@@ -388,14 +373,18 @@ class _Compiler:
             inputs.append(
                 local[0] if len(local) == 1 else self._add(tensor, local, member, group, _SUM)
             )
+        seconds = fixed.allreduce_seconds(members, nbytes, name)
+        route = fixed.links.ring(members)
         task = self.out.task(
             COLLECTIVE,
             -1,
-            fixed.allreduce_seconds(members, nbytes, name),
+            seconds,
             group,
             f"allreduce {fixed.tensor_names[tensor]} over {len(members)} GPUs",
             nbytes=nbytes,
-            links=fixed.collective_links(members),
+            links=route.links,
+            shares=route.shares,
+            latency_s=_ring_latency_s(seconds, members, nbytes, route.rate_bytes_per_s),
         )
         for piece in inputs:
             self.out.read(piece, task)
@@ -470,8 +459,11 @@ class _Compiler:
         AllReduce of the bucket's bytes."""
         total = bucket.nbytes
         fused = self.fixed.allreduce_seconds(bucket.members, total, collectives[0].algorithm)
+        rate = self.fixed.links.ring(bucket.members).rate_bytes_per_s
         for c in collectives:
-            self.out.duration[c.task] = fused * c.nbytes / total if total else 0.0
+            seconds = fused * c.nbytes / total if total else 0.0
+            self.out.duration[c.task] = seconds
+            self.out.latency[c.task] = _ring_latency_s(seconds, bucket.members, c.nbytes, rate)
         waits = frozenset().union(*(c.inputs for c in collectives))
         releases = [c.task for c in collectives]
         _barrier(self.out, f"bucket of {len(collectives)}", bucket.groups[0], waits, releases)
@@ -515,10 +507,13 @@ class _Compiler:
         op. Only looks: :meth:`_inputs` gives the same copies when this finds them."""
         cache, batch, rows = self.cache, self.batch, self._rows(op)
         split, carries = self.op_split[op], self.fixed.tensor_carries
+        kinds = self.fixed.tensor_split_kind
         ready = []
         for tensor in self.fixed.op_inputs[op]:
             if split and carries[tensor]:
                 copies = [cache.get((tensor, d, lo, hi)) for d, lo, hi in rows]
+            elif self.op_adds_partials[op] and kinds[tensor] == _SUM:
+                copies = [self.partials[(tensor, d, lo, hi)] for d, lo, hi in rows]
             elif tensor in self.replica_values:
                 copies = [
                     self._same_replica(tensor, d, lo, hi) or cache.get((tensor, d, 0, batch))
@@ -535,9 +530,12 @@ class _Compiler:
         """Bring every input of one instance of ``op`` to it (TAG §4.3.1)."""
         group, split, carries = self.op_group[op], self.op_split[op], self.fixed.tensor_carries
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
+        kinds = self.fixed.tensor_split_kind
         for tensor in self.fixed.op_inputs[op]:
             if split and carries[tensor]:
                 copy = self._slice(tensor, device, lo, hi, group, op)
+            elif self.op_adds_partials[op] and kinds[tensor] == _SUM:  # placed where they are
+                copy = self.partials[(tensor, device, lo, hi)]
             else:
                 copy = self._same_replica(tensor, device, lo, hi) or self._full(
                     tensor, device, group, op
@@ -567,7 +565,9 @@ class _Compiler:
                 self.copies[tensor].append(copy)
                 if kind in (_FULL, _SLICE):
                     cache.setdefault((tensor, device, lo_t, hi_t), copy)
-                elif kind != _SUM:  # per-replica values (_MEAN, _LOCAL)
+                elif kind == _SUM:
+                    self.partials[(tensor, device, lo_t, hi_t)] = copy
+                else:  # per-replica values (_MEAN, _LOCAL)
                     self.replica_values.setdefault(tensor, {}).setdefault(device, []).append(copy)
 
     def _op(self, op: int) -> None:
@@ -588,18 +588,31 @@ class _Compiler:
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance
-        of each of its control predecessors."""
+        of each of its control predecessors.
+
+        An op whose control predecessors have ``p`` instances in all and which has ``s``
+        of its own would need ``p * s`` edges (a million at 32 GPUs for a ResNet): where
+        that is more than ``p + s``, the instances wait for one zero-time barrier task
+        that waits for the ``p``, which holds nothing and so starts the moment the last of
+        them finishes: the same schedule with ``p + s`` edges.
+        """
         ir, ptr = self.fixed.ir, self.placement.inst_ptr.astype(np.int64)
+        count = np.diff(ptr)
         succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
         pred_op = ir.control_pred.astype(np.int64)
-        pred_count, succ_count = np.diff(ptr)[pred_op], np.diff(ptr)[succ_op]
-        sizes = pred_count * succ_count
-        block = np.repeat(np.arange(len(sizes)), sizes)
-        within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        width = succ_count[block]
-        pred_inst = ptr[pred_op][block] + within // width
-        succ_inst = ptr[succ_op][block] + within % width
-        return instance_task[pred_inst].astype(np.int64), instance_task[succ_inst].astype(np.int64)
+        waited = np.bincount(succ_op, weights=count[pred_op], minlength=ir.num_ops)
+        gated = waited * count > waited + count
+        pred_inst, succ_inst = _all_pairs(ptr, pred_op, succ_op, ~gated[succ_op])
+        preds = [instance_task[pred_inst].astype(np.int64)]
+        succs = [instance_task[succ_inst].astype(np.int64)]
+        for op in np.flatnonzero(gated).tolist():
+            barrier = self.out.task(
+                TRANSFER, -1, 0.0, self.op_group[op], f"{ir.op_names[op]}/control_barrier"
+            )
+            waits = np.concatenate([np.arange(ptr[p], ptr[p + 1]) for p in ir.control_preds(op)])
+            preds += [instance_task[waits], np.full(count[op], barrier)]
+            succs += [np.full(len(waits), barrier), instance_task[ptr[op] : ptr[op + 1]]]
+        return np.concatenate(preds).astype(np.int64), np.concatenate(succs).astype(np.int64)
 
     def _persistent_bytes(self) -> np.ndarray:
         """Variable bytes resident on each device: every instance of a variable holds them."""
@@ -618,13 +631,33 @@ class _Compiler:
         instance_task = np.array(self.instance_task, dtype=np.int32)
         graph = self.out.build(
             self._persistent_bytes(),
-            fixed.num_links,
+            fixed.links.num_links,
             fixed.device_names,
-            fixed.link_names,
+            fixed.links.names,
             self._control_edges(instance_task),
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
         return CompiledTasks(graph, self.placement, instance_task, measured)
+
+
+def _all_pairs(
+    ptr: np.ndarray, pred_op: np.ndarray, succ_op: np.ndarray, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Instance pairs ``(i, j)`` of every kept op pair: ``i`` of the pred op, ``j`` of the
+    succ op, instances numbered by ``ptr``."""
+    pred_op, succ_op = pred_op[keep], succ_op[keep]
+    pred_count, succ_count = np.diff(ptr)[pred_op], np.diff(ptr)[succ_op]
+    sizes = pred_count * succ_count
+    block = np.repeat(np.arange(len(sizes)), sizes)
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    width = succ_count[block]
+    return ptr[pred_op][block] + within // width, ptr[succ_op][block] + within % width
+
+
+def _ring_latency_s(seconds: float, members: tuple[int, ...], nbytes: int, rate: float) -> float:
+    """The latency part of a ring AllReduce of ``nbytes`` among ``members`` lasting
+    ``seconds`` (:mod:`.links`)."""
+    return latency_part_s(seconds, ring_bytes_per_link(len(members), nbytes) / rate)
 
 
 def _barrier(

@@ -1,114 +1,16 @@
-"""Correctness by execution (DESIGN.md §5): run the original training step and the compiled
-distributed one in TensorFlow and compare what they compute.
+"""Correctness by execution (docs/design.md §5): run the original training step and the
+compiled distributed one in TensorFlow and compare the loss and every updated variable.
 
-:func:`verify` builds the graph at a small batch (``zoo:NAME`` is rebuilt at
-``batch_size``; a graph file runs at the batch it was built for), analyzes it, resolves
-the strategy and compiles it with :func:`~.graphdef.compile_graphdef`. Then:
-
-1. **original**: run the graph's initializer, read every variable, feed a fixed random
-   batch (seeded; integer inputs within their valid range), run one training step,
-   fetch the loss, every parameter's gradient and every variable (parameters, optimizer
-   slots, Adam's powers, running statistics); with batch norms that the strategy splits,
-   the step normalizes per replica (below), once per way of splitting them;
-2. **compiled**: assign those initial values to every replica of every variable, feed
-   each replica placeholder its rows of the same batch, run ``train_op`` and the loss
-   node together, read every replica of every variable;
-3. compare the loss and each variable, every replica of it, with
-   ``|actual - expected| <= atol + rtol * |expected|`` elementwise (the criterion of
-   ``numpy.testing.assert_allclose``), reporting the largest relative error of each.
-
-The initial and updated values wait in a scratch directory (:class:`~.values.ValueStore`)
-and move in and out of the sessions a batch at a time, so a verification holds little
-more than what its session holds: every variable once per mirror and the step's
-gradients. That is what lets BERT-Large's 335M parameters verify on one machine.
-
-Both graphs compute in double precision by default (:func:`to_float64` widens every
-``float32`` type and constant of both alike). In ``float32`` a split batch adds the
-same terms in another order, and Adam's first step divides each gradient element by its
-own magnitude: an element that cancels to almost zero comes out with a different
-rounding, and a purely relative elementwise tolerance fails on rounding alone. In
-``float64`` that rounding sits far below ``rtol``, so what is compared is the rewrite.
-``precision="float32"`` runs the graphs as they are (pass a larger ``atol`` then). The
-default ``atol`` of ``1e-12`` is a floor for elements whose exact value is zero and that
-both runs compute as rounding noise (an attention key bias gets an exactly zero gradient
-in exact arithmetic: Adam then moves it by noise of order ``1e-16``). Adam's first step
-moves an element by ``lr * g / (|g| + epsilon)``: where the exact gradient ``g`` is
-zero, the move is rounding noise amplified ``lr / epsilon`` times, up to ``1e-7`` in a
-deep network (a bias added right before a batch norm, which subtracts it again, has an
-exactly zero gradient). So a parameter element whose gradient in the original step is
-at most ``1e-12`` of the step's largest gradient element is compared with an absolute
-floor of 10 times the largest move any such element makes in the original step. Its
-optimizer slots keep the plain criterion (Adam's first moment is ``0.1 g``, compared to
-``1e-12``), so a gradient the compiled graph gets wrong there still fails, and a real
-mistake moves the element by Adam's full step, orders of magnitude above the floor.
-In float32 the same rule holds with ``1e-6`` for ``1e-12`` (float32 rounds at ``6e-8``):
-BERT-Large under unequal batch shares has kernel elements whose gradient is ``2e-8``,
-rounding of sums of much larger terms, and Adam moves them ``1.5e-5`` apart, 1.5% of its
-step; the floor of such elements then reaches the step itself, so in float32 their
-slots carry the check.
-
-An element far smaller than its variable's largest is what is left of a sum that nearly
-cancelled: its rounding is that of the terms, not its own, and a different order of the
-same additions moves it by a large fraction of itself (in ResNet-101 under unequal batch
-shares, Adam's first moment of a few kernels has elements ``6e-8`` of the kernel's
-largest, and they differ by ``2e-4`` relatively, ``1.5e-11`` of the largest, in
-float64). So no element is asked to be closer than ``rtol * 1e-5`` of its variable's
-largest magnitude (``1e-9`` at the default ``rtol``): more than 50 times that rounding,
-and a wrong rewrite, which moves elements by a fraction of the largest, is still
-millions of times over it.
-
-The compiled graph runs on virtual CPU devices, one per GPU of the cluster: device
-``/job:worker/replica:0/task:T/device:GPU:i`` becomes
-``/job:localhost/replica:0/task:0/device:CPU:<d>`` where ``d`` is the cluster's index of
-GPU ``i`` of machine ``T``. The devices are made by the verifying session itself
-(``ConfigProto.device_count``), so verification runs in the calling process whatever
-state TensorFlow's eager runtime is in. GPU-only collectives are lowered for CPU
-(:func:`lower_for_cpu`); besides device names and precision, that is the only change
-made to the compiled graph:
-
-* the ``NcclAllReduce`` nodes of one ``shared_name`` become an ``AddN`` of all their
-  inputs, placed on the first member's device and named like the first member, and an
-  ``Identity`` of that sum on every other member's device, named like that member;
-* the ``CollectiveReduceV2`` nodes of one (group key, instance key) likewise (their key
-  constants are then unread).
-
-Every member keeps its control inputs, so gradient-sync barriers stay in force. What a
-collective sums is what the ``AddN`` sums; only the order of the floating-point additions
-may differ, which the tolerance absorbs.
-
-Both graphs run as written: grappler's rewrites are off (they are not what is checked,
-and on graphs of tens of thousands of nodes they take longer than the step).
-
-**Batch normalization.** Under data parallelism each replica of a training-mode batch
-norm normalizes its own rows with its own mean and variance (local batch norm, what
-every data-parallel framework does and what the planner's cost model assumes: the
-analyzer aggregates batch statistics by their mean), which is not what one device
-computes over the whole batch. The compiled graph ships unchanged; the reference is
-made to compute what it is meant to compute
-(:func:`~.batchnorm.per_replica_statistics`). For every batch norm that the compiled
-placement splits into row ranges (:func:`~.batchnorm.batch_norm_splits`), and only for
-those, the reference runs the same op on each replica's rows, concatenates the
-normalized outputs, and gives its batch mean, batch variance and reserve outputs as the
-replicas' share-weighted sum (what the compiled graph sums for a reader of the whole
-tensor); its gradient op runs per replica on the same rows with that replica's
-statistics, concatenates ``x_backprop`` and sums the scale and offset gradients. Every
-other node of the reference is the plain single-device step. Model-parallel and
-duplicate groups do not split the batch: their batch norms are not rewritten, and a
-strategy splitting none runs the plain reference.
-
-Running statistics are updated per copy in the compiled graph: each copy of a moving
-mean or variance (one per GPU of a mirrored group, one on a parameter server) is
-updated from the statistics of the replica on its GPU (the first, should the GPU run
-several), without communication; a copy on a GPU without a replica gets the
-share-weighted statistics. The reference copies each such update once per replica, fed
-that replica's statistics, and fetches the value it would assign; each copy is compared
-to the value of the replica on its GPU (:func:`~.batchnorm.running_copies`), a copy
-without one to the reference's own update, with the plain criterion. Training-mode
-batch norm does not read its running statistics, so nothing else depends on them.
-
-TensorFlow's fused batch-norm kernels have no ``float64`` version: :func:`to_float64`
-replaces them, in both graphs alike, by the elementwise ops and reductions they compute
-(:func:`~.batchnorm.lower_batch_norms`).
+:func:`verify` rebuilds or loads the graph at a small batch, compiles the strategy with
+:func:`~.graphdef.compile_graphdef`, runs both steps from the same initial values and
+batch on virtual CPU devices (one per GPU; GPU-only collectives lowered by
+:func:`lower_for_cpu`), in float64 by default, and compares every replica of every
+variable elementwise with ``|actual - expected| <= atol + rtol * |expected|``. Values
+wait in a scratch directory (:class:`~.values.ValueStore`) so BERT-Large verifies on one
+machine. Batch norms split across replicas are compared with a reference that normalizes
+per replica (:mod:`.batchnorm`). The tolerances, the floors for elements whose exact
+gradient is zero or that cancel, and the batch-norm rules are explained in
+docs/verification.md.
 """
 
 from __future__ import annotations
@@ -148,6 +50,7 @@ __all__ = [
     "VariableCheck",
     "VerifyOptions",
     "VerifyReport",
+    "check_variable",
     "lower_for_cpu",
     "to_float64",
     "verify",
@@ -250,6 +153,23 @@ def _expected(
     return values, Tolerance(rtol, floor, mask, reference.noise_floor)
 
 
+def check_variable(
+    reference: Reference,
+    compiled: DistributedGraph,
+    name: str,
+    replicas: list[tuple[str, np.ndarray]],
+    rtol: float,
+    atol: float,
+) -> tuple[VariableCheck, list[str]]:
+    """The first replicas ``(node, value)`` of variable ``name`` (all of them, or the
+    first alone as a checkpoint holds it) against the reference step, by verification's
+    criterion (docs/verification.md); the check and its problems."""
+    copies, tolerance = _expected(reference, compiled, name, rtol, atol)
+    pairs = zip(replicas, copies, strict=False)
+    found = [(node, value, expected) for (node, value), expected in pairs]
+    return _check(name, found, tolerance)
+
+
 def _run_compiled(
     tf: Any,
     reference: Reference,
@@ -302,16 +222,8 @@ def _run_compiled(
                 for batch in batches(list(replicas), size.__getitem__):
                     values = session.run({n: reads[n] for name in batch for n in replicas[name]})
                     for name in batch:
-                        copies, tolerance = _expected(reference, compiled, name, rtol, atol)
-                        found = list(
-                            zip(
-                                replicas[name],
-                                [values[n] for n in replicas[name]],
-                                copies,
-                                strict=True,
-                            )
-                        )
-                        results.append(_check(name, found, tolerance))
+                        found = [(n, values[n]) for n in replicas[name]]
+                        results.append(check_variable(reference, compiled, name, found, rtol, atol))
     except (ValueError, tf.errors.OpError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return VerifyReport(passed=False, problems=(f"TensorFlow: {message}",), **base)

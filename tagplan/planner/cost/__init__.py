@@ -1,1 +1,1 @@
-"""Op and communication cost model (DESIGN.md §3, TAG §4.1.2)."""
+"""Op and communication cost model (docs/design.md §3, TAG §4.1.2)."""

@@ -1,4 +1,4 @@
-"""Communication times over a :class:`~tagplan.planner.topology.Cluster` (DESIGN.md §3).
+"""Communication times over a :class:`~tagplan.planner.topology.Cluster` (docs/design.md §3).
 
 Closed forms, in seconds, for the transfers a strategy inserts: point-to-point copies,
 ring and hierarchical AllReduce, parameter-server push/pull and broadcasts (of the
@@ -29,7 +29,7 @@ from ..topology import Cluster
 from .fit import Seconds, Segment, SegmentedLinear, as_seconds, as_sizes, fit_segmented_linear
 
 if TYPE_CHECKING:
-    from .comm_profiler import CommProfile
+    from .comm_profile import CommProfile
 
 __all__ = [
     "AllReduceAlgorithm",
@@ -119,7 +119,7 @@ def p2p_time_s(cluster: Cluster, src: int, dst: int, nbytes: npt.ArrayLike) -> S
     .. math:: t = α_{src,dst} + S / B_{src,dst}
 
     with ``B`` the bottleneck bandwidth of the path (intra-machine bus or network link,
-    DESIGN.md §3); ``0`` when ``src == dst`` (the tensor stays on its GPU).
+    docs/design.md §3); ``0`` when ``src == dst`` (the tensor stays on its GPU).
     """
     src = _device(cluster, src, "src")
     dst = _device(cluster, dst, "dst")
@@ -250,7 +250,7 @@ def ps_time_s(cluster: Cluster, workers: DeviceList, server: int, nbytes: npt.Ar
               + \\max_{w \\in c} α_{w,s}\\right)
 
     With ``n`` workers of equal bandwidth ``B`` behind the NIC that is ``2(nS/B + α)``:
-    the server's link is the bottleneck (DESIGN.md §3). The discrete-event simulator
+    the server's link is the bottleneck (docs/design.md §3). The discrete-event simulator
     models the same contention transfer by transfer; this closed form feeds cost
     estimates and the SFB program (TAG §4.2.3).
     """
@@ -300,7 +300,7 @@ class CommEstimate(NamedTuple):
 class CommModel:
     """Communication times from a measured profile where it applies, closed forms elsewhere.
 
-    A :class:`~tagplan.planner.cost.comm_profiler.CommProfile` applies to transfers
+    A :class:`~tagplan.planner.cost.comm_profile.CommProfile` applies to transfers
     among devices whose GPU type is its ``device_kind`` (compared ignoring case):
 
     - **p2p**: the ``p2p.intra`` / ``p2p.inter`` model of the path's kind;

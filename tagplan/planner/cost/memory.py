@@ -1,4 +1,4 @@
-"""Op memory (DESIGN.md §3): outputs, workspace, persistent state, framework reserve.
+"""Op memory (docs/design.md §3): outputs, workspace, persistent state, framework reserve.
 
 * **outputs**: the bytes of every output tensor, live from the op's end until its last
   consumer has run (TAG §4.3.2's reference counting, done by the simulator). Outputs

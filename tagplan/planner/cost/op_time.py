@@ -1,4 +1,4 @@
-"""Op execution time ``t(op, gpu_type, local_batch)`` (DESIGN.md §3, TAG §4.1.2).
+"""Op execution time ``t(op, gpu_type, local_batch)`` (docs/design.md §3, TAG §4.1.2).
 
 A measured profile wins when it has the op's cost key for the GPU type (interpolated
 between profiled batch sizes, linear beyond them, TAG §4.1.2). Otherwise the time is the
@@ -11,8 +11,11 @@ and matrix products at the GPU's TF32 tensor-core peak where it has one, as Tens
 runs float32 math there by default; everything else at the FP32 peak), e_c the
 compute efficiency of the op's formula class (dense convolutions and matrix products
 reach a good fraction of peak; other kernels much less), e_m the achieved share of
-memory bandwidth, and a fixed per-kernel launch overhead. Ops that do no work (constants,
-variable handles, reshapes) cost nothing. Every time says whether it was measured.
+memory bandwidth, and a fixed per-kernel launch overhead. A 3x3 stride-1 convolution on
+a GPU whose library offers Winograd algorithms takes the time of the fastest algorithm,
+direct or Winograd, as TensorFlow's cuDNN autotuning does (:mod:`.conv_algo`). Ops that
+do no work (constants, variable handles, reshapes) cost nothing. Every time says whether
+it was measured.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tagplan.planner.cost.conv_algo import ConvAlgorithms, conv_algorithms
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.cost.work import GraphWork, graph_work
 from tagplan.planner.errors import InvalidInput
@@ -103,6 +107,7 @@ class OpCostModel:
     ) -> None:
         self.ir = ir
         self.work: GraphWork = graph_work(ir)
+        self.conv: ConvAlgorithms = conv_algorithms(ir, self.work)
         self.profiles = profiles
         self.gpu_types = dict(gpu_types) if gpu_types is not None else gpu_type_table()
         self.efficiency = efficiency
@@ -127,13 +132,37 @@ class OpCostModel:
         dense_peak = (spec.tf32_tflops or spec.fp32_tflops) * 1e12
         peak_flops = np.where(self._dense, dense_peak, spec.fp32_tflops * 1e12)
         bandwidth = spec.memory_bandwidth_gb_per_s * 1e9
+        memory_rate = bandwidth * self.efficiency.memory
         seconds = np.maximum(
-            flops / (peak_flops * self._compute_efficiency),
-            bytes_moved / (bandwidth * self.efficiency.memory),
+            flops / (peak_flops * self._compute_efficiency), bytes_moved / memory_rate
         )
+        seconds = np.minimum(seconds, self._winograd_s(spec, flops, bytes_moved, local_batch))
         seconds = seconds + self.efficiency.launch_s
         seconds[self._free] = 0.0
         return seconds
+
+    def _winograd_s(
+        self, spec: GpuTypeSpec, flops: np.ndarray, bytes_moved: np.ndarray, local_batch: int
+    ) -> np.ndarray:
+        """The faster Winograd algorithm's time per op (inf where cuDNN offers none).
+
+        Its products run on the FP32 pipeline at the dense efficiency: fused in one
+        kernel over the compulsory traffic, non-fused as a product plus transform kernels
+        that write and read every transformed tensor (:mod:`.conv_algo`).
+        """
+        conv = self.conv
+        if not spec.winograd:
+            return np.full(self.ir.num_ops, np.inf)
+        rate = spec.fp32_tflops * 1e12 * self.efficiency.dense_compute
+        memory_rate = spec.memory_bandwidth_gb_per_s * 1e9 * self.efficiency.memory
+        fused = np.maximum(flops * conv.fused_factor / rate, bytes_moved / memory_rate)
+        transforms = conv.transform_bytes_at(local_batch, self.ir.batch_size)
+        nonfused = flops * conv.nonfused_factor / rate + (bytes_moved + transforms) / memory_rate
+        return np.where(
+            conv.eligible,
+            np.where(conv.fused_factor > 0, np.minimum(fused, nonfused), nonfused),
+            np.inf,
+        )
 
     def op_times(self, gpu_type: str, local_batch: int) -> OpTimes:
         """Seconds per op on ``gpu_type`` with ``local_batch`` examples on this replica."""

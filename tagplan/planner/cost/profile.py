@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.validation import describe_validation_error
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -173,31 +174,6 @@ class Profile(_Strict):
         return self
 
 
-def _location(loc: Sequence[Any]) -> str:
-    text = ""
-    for part in loc:
-        if part == "[key]":
-            text += " (key)"
-        elif isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text
-
-
-def _describe(exc: ValidationError, *, limit: int = 5) -> str:
-    messages = []
-    for error in exc.errors()[:limit]:
-        value_error = error["type"] == "value_error"
-        message = str(error["ctx"]["error"]) if value_error else error["msg"]
-        where = _location(error["loc"])
-        messages.append(f"{where}: {message}" if where else message)
-    more = len(exc.errors()) - limit
-    if more > 0:
-        messages.append(f"... and {more} more")
-    return "invalid profile: " + "; ".join(messages)
-
-
 def load_profile(source: str | os.PathLike[str] | bytes | Mapping[str, Any]) -> Profile:
     """Read and validate a profile from a file path, JSON bytes or a parsed JSON object.
 
@@ -228,7 +204,7 @@ def load_profile(source: str | os.PathLike[str] | bytes | Mapping[str, Any]) -> 
     try:
         return Profile.model_validate(dict(data))
     except ValidationError as exc:
-        raise InvalidInput(_describe(exc)) from None
+        raise InvalidInput(describe_validation_error(exc, "profile", limit=5)) from None
 
 
 def dump_profile(profile: Profile) -> str:
@@ -298,7 +274,7 @@ def estimate_time(points: Mapping[int, float], batch: int) -> float:
 
 @runtime_checkable
 class ProfileSource(Protocol):
-    """Where measured op times come from (DESIGN.md §3)."""
+    """Where measured op times come from (docs/design.md §3)."""
 
     def lookup(self, cost_key: str, gpu_type: str, batch: int) -> float | None:
         """Seconds of one execution of an op with ``cost_key`` on ``gpu_type`` at local

@@ -22,6 +22,9 @@ The session is configured so that traced times belong to the graph's own ops and
   TensorFlow's oneDNN pass still makes on CPUs are attributed by :func:`attribute_to_ops`.
 
 TensorFlow is imported inside the functions, so importing this module is cheap.
+
+Why one module: tracing, attributing the trace to ops and fitting the times are one
+measurement with one set of TensorFlow conventions; apart, each would repeat them.
 """
 
 from __future__ import annotations

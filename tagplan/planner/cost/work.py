@@ -1,4 +1,4 @@
-"""Work of one op execution: floating-point operations and bytes moved (DESIGN.md §3).
+"""Work of one op execution: floating-point operations and bytes moved (docs/design.md §3).
 
 Without a measured profile, an op's time is estimated analytically (TAG §4.1.2 fallback) as
 ``max(flops / peak FLOP/s, bytes_moved / memory bandwidth) + launch overhead``. This module
@@ -31,6 +31,9 @@ Conventions
   written, 0 flops) and ``formula == "fallback"``.
 
 Units: flops and bytes, per execution (one training step).
+
+Why one module: the formula table is one table (docs/cost-formulas.md mirrors it and a
+test checks them against each other); its rows are short functions best read together.
 """
 
 from __future__ import annotations

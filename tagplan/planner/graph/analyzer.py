@@ -10,7 +10,8 @@ arrays with byte counts at the job's batch size.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ __all__ = ["analyze", "graph_fingerprint"]
 
 _INPUT_OPS = frozenset({"Placeholder", "PlaceholderWithDefault"})
 _DEFAULT_LOSS_NAME = "loss"
+MAX_TENSOR_BYTES = 1 << 50
+"""A pebibyte, more than any allocation holds: a value or variable over it has a wrong shape
+(or the batch size is one nothing trains at), and byte counts stay far inside int64."""
 
 
 def graph_fingerprint(graph_def: Any) -> str:
@@ -140,17 +144,56 @@ def _stateful(graph: ParsedGraph) -> list[bool]:
     return result
 
 
-def _find_loss(graph: ParsedGraph, name: str | None) -> int | None:
+_FLOAT_DTYPES = frozenset({1, 2, 14, 19})  # float32, float64, bfloat16, float16
+
+
+def _scalar_sinks_of_the_batch(graph: ParsedGraph, batch_inputs: list[int]) -> list[int]:
+    """Nodes nothing reads whose one output is a floating-point scalar computed from the
+    batch: the loss a TF2 training function returns (its ``Identity`` outputs)."""
+    depends = np.zeros(graph.num_nodes, dtype=bool)
+    depends[batch_inputs] = True
+    read = np.zeros(graph.num_nodes, dtype=bool)
+    for node in graph.topo_order.tolist():
+        preds = [p for p, _ in graph.data_inputs[node]] + graph.control_inputs[node]
+        read[preds] = True
+        depends[node] |= bool(depends[preds].any()) if preds else False
+    found = []
+    for node in np.flatnonzero(depends & ~read).tolist():
+        dtypes, shapes = graph.output_dtypes[node], graph.output_shapes[node]
+        if len(dtypes) == 1 and dtypes[0] in _FLOAT_DTYPES and shapes and shapes[0] == ():
+            found.append(node)
+    return found
+
+
+def _find_loss(graph: ParsedGraph, name: str | None, batch_inputs: list[int]) -> int | None:
+    """The loss node: ``name`` when given, else one called ``loss``, else the one
+    floating-point scalar computed from the batch that nothing reads (None when there is
+    no such node or several: ``--loss`` names it)."""
     if name is not None and name not in graph.index:
         raise InvalidInput(f"loss node {name!r} is not in the graph")
-    return graph.index.get(name or _DEFAULT_LOSS_NAME)
+    found = graph.index.get(name or _DEFAULT_LOSS_NAME)
+    if found is not None:
+        return found
+    candidates = _scalar_sinks_of_the_batch(graph, batch_inputs)
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _numel(shape: Shape) -> int:
     """Elements of a static shape; an unknown size (-1) counts as 1, an unknown rank as 0."""
     if shape is None:
         return 0
-    return int(np.prod([1 if d < 0 else d for d in shape], dtype=np.int64))
+    return math.prod(1 if d < 0 else d for d in shape)
+
+
+def _refuse_huge(what: str, sizes: list[int], name_of: Callable[[int], str]) -> None:
+    """InvalidInput naming the first of ``sizes`` over :data:`MAX_TENSOR_BYTES`."""
+    if max(sizes, default=0) <= MAX_TENSOR_BYTES:
+        return
+    index = next(i for i, size in enumerate(sizes) if size > MAX_TENSOR_BYTES)
+    raise InvalidInput(
+        f"{what} of node {name_of(index)!r} takes {sizes[index]} bytes, over the "
+        f"{MAX_TENSOR_BYTES} any allocation holds: its shape (or the batch size) is wrong"
+    )
 
 
 def _scaled_shape(shape: Shape, axis: int, batch: int, graph_batch: int) -> Shape:
@@ -282,8 +325,10 @@ def analyze(
     """Analyze a training graph at the job's ``batch_size`` (default: the graph's own).
 
     ``batch_inputs`` names the nodes feeding training data (default: every non-resource
-    ``Placeholder`` of rank >= 1); ``loss`` names the loss node (default ``"loss"``),
-    which TF2-style graphs need to tell parameters from optimizer state.
+    ``Placeholder`` of rank >= 1); ``loss`` names the loss node (default: a node called
+    ``"loss"``, else the one floating-point scalar computed from the batch that nothing
+    reads, as a TF2 training function returns it), which TF2-style graphs need to tell
+    parameters from optimizer state.
     """
     if batch_size is not None and batch_size <= 0:
         raise InvalidInput(f"batch size must be positive, got {batch_size}")
@@ -306,11 +351,13 @@ def analyze(
         ],
         dtype=bool,
     )
-    loss_node = _find_loss(graph, loss)
+    loss_node = _find_loss(graph, loss, inputs)
     infos = find_parameters(graph, batch_inputs=inputs, touches_batch=touches, loss=loss_node)
 
     protected = {i.apply for i in infos} | {i.variable for i in infos}
-    simplified = simplify(graph, batch_inputs=inputs, protected=protected)
+    simplified = simplify(
+        graph, batch_inputs=inputs, protected=protected, loss=loss_node, stateful=stateful
+    )
     kept = simplified.kept.tolist()
     position = {node: i for i, node in enumerate(kept)}
 
@@ -331,6 +378,7 @@ def analyze(
             axes.append(axis)
             aggregations.append(int(batch.aggregation[flat]))
             byte_counts.append(_numel(shape) * DTYPE_BYTES.get(dtype, 4))
+    _refuse_huge("an output", byte_counts, lambda t: graph.names[kept[producers[t]]])
     output_ptr = np.array([*output_rows, len(producers)], dtype=np.int32)
 
     input_rows = [[tensor_of[e] for e in simplified.data_inputs[n]] for n in kept]
@@ -352,6 +400,7 @@ def analyze(
     unknown = sorted({graph.ops[n] for n in kept if not graph.known_op[n]})
     reads = variable_reads(graph)
     held = [variable_bytes(graph, reads, n) if is_variable(graph, n) else 0 for n in kept]
+    _refuse_huge("the variable", held, lambda op: graph.names[kept[op]])
     return GraphIR(
         batch_size=job_batch,
         graph_batch_size=graph_batch,

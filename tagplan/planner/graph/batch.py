@@ -12,12 +12,21 @@ safe category *none*.
 
 A second pass runs backwards: a tensor without a batch input that meets a batch tensor in
 an elementwise op with the batch size at the same position (the ``Tile`` that broadcasts
-the loss gradient over the batch) is batch-sized too: it is scaled with the batch size
+the loss gradient over the batch), or is concatenated with one along another axis (a
+recurrent network's initial state of zeros), is batch-sized too: it is scaled with the batch size
 and split for replicas like the data it meets.
 
 Every output also gets an *aggregation*: how the outputs of the replicas of a split op
 recover the full tensor (concatenate on the batch axis, sum, average, or identical on
 every replica). An output that none of these recovers makes its op *none*.
+
+A linear op all of whose inputs are partial sums (the ``AddN`` that adds up a recurrent
+weight's gradient over the time steps, each step's gradient summed over the batch) is
+*split-sum* too: each replica adds up its own partials and the sum over replicas is
+taken once, on the result, instead of once per partial.
+
+Why one module: every op family's rule reads and writes the same per-output arrays in one
+pass; the rules are a table, one short method each, best read side by side.
 """
 
 from __future__ import annotations
@@ -118,6 +127,10 @@ _BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV
 _BATCH_NORM_GRADS = frozenset(
     {"FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"}
 )
+# Linear ops: partial sums in, the partial sum of the result out; the second family
+# rearranges its first input by arguments every replica has alike (a shape, axes).
+_LINEAR = frozenset({"AddN", "Add", "AddV2", "Sub", "Neg", "Identity", "Snapshot"})
+_LINEAR_IN_FIRST = frozenset({"Reshape", "ExpandDims", "Squeeze", "Transpose"})
 # Ops whose output describes the input's shape: split, each replica gets its own slice's.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs"})
 # Elementwise-like ops along which the backward pass marks batch-sized inputs.
@@ -147,6 +160,7 @@ class _Propagator:
         self.aggregation = np.full(total, Aggregation.REPLICATED, dtype=np.int8)
         self.batch_statistics = np.zeros(graph.num_nodes, dtype=bool)
         self.category = np.full(graph.num_nodes, SplitCategory.NONE, dtype=np.int8)
+        self.accumulates = np.zeros(graph.num_nodes, dtype=bool)
         self.rules: dict[str, Callable[[int], _OutputRule | None]] = {}
         for ops, rule in (
             (("MatMul",), self._matmul),
@@ -192,6 +206,28 @@ class _Propagator:
             if axis != NO_AXIS:
                 return position, axis
         return None
+
+    def sums_partials(self, node: int) -> bool:
+        """A linear op with one output whose every input is a partial sum (see the module
+        docstring)."""
+        inputs = self.graph.data_inputs[node]
+        if self.outputs(node) != 1 or not inputs:
+            return False
+        kinds = [
+            Aggregation.SUM
+            if self.aggregation[self.offset[p] + s] == Aggregation.SUM
+            and self.axis[self.offset[p] + s] == NO_AXIS
+            else self.aggregation[self.offset[p] + s]
+            for p, s in inputs
+        ]
+        op = self.graph.ops[node]
+        if op in _LINEAR:
+            return all(k == Aggregation.SUM for k in kinds)
+        return (
+            op in _LINEAR_IN_FIRST
+            and kinds[0] == Aggregation.SUM
+            and all(k == Aggregation.REPLICATED for k in kinds[1:])
+        )
 
     def _lost(self, node: int) -> _OutputRule:
         n = self.outputs(node)
@@ -449,6 +485,9 @@ class _Propagator:
                         self.aggregation[start + slot] = Aggregation.CONCAT
                 continue
             if self.first_batch_input(node) is None:
+                if known_op[node] and self.sums_partials(node):
+                    self.aggregation[start] = Aggregation.SUM
+                    self.accumulates[node] = True
                 continue
             op = graph.ops[node]
             if op in _SHAPE_OPS:
@@ -481,6 +520,12 @@ class _Propagator:
             producer, slot = self.graph.data_inputs[node][1]
             perm = const_ints(self.graph, producer, slot)
             axis = perm[out_axis] if perm is not None else NO_AXIS
+        elif op == "ConcatV2" and position < len(self.graph.data_inputs[node]) - 1:
+            # an initial state of zeros concatenated with a step's input (a static RNN)
+            count = len(self.graph.data_inputs[node])
+            if self._axis_const(node, count - 1, len(out_shape)) in (None, out_axis):
+                return NO_AXIS
+            axis = out_axis
         elif op == "Reshape" and position == 0 and out_axis == 0 and shape:
             # a leading batch block keeps its rows through a reshape, whatever its width
             return 0 if shape[0] % self.batch == 0 else NO_AXIS
@@ -510,7 +555,9 @@ class _Propagator:
 
     def categorize(self, stateful: list[bool], known_op: list[bool]) -> None:
         for node in range(self.graph.num_nodes):
-            if not known_op[node] or stateful[node] or self.first_batch_input(node) is None:
+            if not known_op[node] or stateful[node]:
+                continue
+            if self.first_batch_input(node) is None and not self.accumulates[node]:
                 continue
             aggregations = self.aggregation[self.offset[node] : self.offset[node + 1]]
             if (aggregations == Aggregation.LOST).any():

@@ -1,4 +1,4 @@
-"""The analyzer's output: a training graph as flat numpy arrays (DESIGN.md §2).
+"""The analyzer's output: a training graph as flat numpy arrays (docs/design.md §2).
 
 The search walks this millions of times, so there is no Python object per op. Ops are
 numbered in topological order; tensors are numbered so that the outputs of op ``i`` are

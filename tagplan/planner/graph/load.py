@@ -67,15 +67,19 @@ def parse_graph_bytes(data: bytes, *, max_bytes: int = MAX_GRAPH_BYTES) -> Any:
     if stripped[:1] in (b"{", b"[") and _looks_like_text(data):
         try:
             document = json.loads(data)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"graph looks like JSON but does not parse: {exc}") from exc
+        except RecursionError:
+            raise InvalidInput("graph looks like JSON but nests too deeply to parse") from None
         return graph_def_from_json(document)
     if _looks_like_text(data):
         graph = GraphDef()
         try:
             text_format.Parse(data.decode("utf-8"), graph)
-        except text_format.ParseError as exc:
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"graph is not a valid text GraphDef: {exc}") from exc
+        except RecursionError:
+            raise InvalidInput("graph is not a valid text GraphDef: it nests too deeply") from None
         return graph
     graph = GraphDef()
     try:

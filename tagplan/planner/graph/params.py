@@ -1,6 +1,6 @@
 """Trainable parameters, their gradients, the ops that apply them, and optimizer slots.
 
-Two graph styles occur (DESIGN.md §2):
+Two graph styles occur (docs/design.md §2):
 
 * TF1 style: each parameter is updated by one fused apply op (``ResourceApplyAdam``,
   ``ApplyGradientDescent``, ...). Its ``var`` input is the parameter, its ``grad`` input
@@ -19,6 +19,7 @@ the grouping must keep together.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -98,7 +99,7 @@ def variable_bytes(graph: ParsedGraph, reads: dict[int, list[int]], variable: in
             dtype = graph.output_dtypes[read][0]
     if shape is None or dtype is None:
         return 0
-    return int(np.prod([max(d, 0) for d in shape], dtype=np.int64)) * DTYPE_BYTES.get(dtype, 4)
+    return math.prod(max(d, 0) for d in shape) * DTYPE_BYTES.get(dtype, 4)
 
 
 def variable_reads(graph: ParsedGraph) -> dict[int, list[int]]:

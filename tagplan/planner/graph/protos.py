@@ -1,6 +1,6 @@
 """TensorFlow's GraphDef and OpDef messages without importing TensorFlow.
 
-The API process parses and validates graphs but must not load TensorFlow (DESIGN.md §1:
+The API process parses and validates graphs but must not load TensorFlow (docs/design.md §1:
 fast start, small memory, a slim image). The message types come from a snapshot of
 TensorFlow's own ``tensorflow/core/framework/*.proto`` descriptors (``tf_framework.binpb``)
 loaded into a private descriptor pool, so they never clash with TensorFlow's classes when

@@ -2,7 +2,12 @@
 
 Dangling ops are those no training step needs: the ancestors (over data and control
 edges) of the step's sinks are kept, where a sink is a node nothing consumes that depends
-on the batch (the train op, the loss). Initializers, savers and summaries go. An
+on the batch (the train op, the loss). Initializers, savers and summaries go. When the
+loss is known, the step is what TensorFlow runs to fetch the loss and the train op: the
+loss, every stateful op (a TF2 function runs them all) and every sink run for its effect
+(the train op), with their ancestors. A value nobody reads (the gradient of a constant,
+``x + 1.0`` differentiated for both inputs, when nothing waits for it) is pruned, as
+TensorFlow prunes it. An
 ``Identity`` is bypassed (its readers read its input) and a ``NoOp`` is bypassed for
 control edges (its successors wait on its predecessors), so ordering survives. Every
 dropped name is recorded with the reason and, for identities, the node it folds into, so
@@ -45,7 +50,9 @@ class Simplified:
         return self.forward.get(node, (node, slot)) if slot == 0 else (node, slot)
 
 
-def _keep_mask(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
+def _keep_mask(
+    graph: ParsedGraph, batch_inputs: list[int], loss: int | None, stateful: list[bool]
+) -> np.ndarray:
     num = graph.num_nodes
     depends = np.zeros(num, dtype=bool)
     depends[batch_inputs] = True
@@ -57,6 +64,10 @@ def _keep_mask(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
             if not depends[node]:
                 depends[node] = bool(depends[preds].any())
     keep = depends & ~has_successor
+    if loss is not None:  # what runs: the loss, every stateful op, ops run for an effect
+        effect = np.array([not dtypes for dtypes in graph.output_dtypes], dtype=bool)
+        keep = depends & ((keep & effect) | np.asarray(stateful, dtype=bool))
+        keep[loss] = True
     for node in graph.topo_order[::-1].tolist():
         if keep[node]:
             for producer, _ in graph.data_inputs[node]:
@@ -66,9 +77,17 @@ def _keep_mask(graph: ParsedGraph, batch_inputs: list[int]) -> np.ndarray:
     return keep
 
 
-def simplify(graph: ParsedGraph, *, batch_inputs: list[int], protected: set[int]) -> Simplified:
-    """Drop dangling ops and bypass ``Identity``/``NoOp`` (except ``protected`` nodes)."""
-    keep = _keep_mask(graph, batch_inputs)
+def simplify(
+    graph: ParsedGraph,
+    *,
+    batch_inputs: list[int],
+    protected: set[int],
+    loss: int | None = None,
+    stateful: list[bool] | None = None,
+) -> Simplified:
+    """Drop dangling ops and bypass ``Identity``/``NoOp`` (except ``protected`` nodes).
+    ``loss`` and ``stateful`` (per node) let value sinks other than the loss go."""
+    keep = _keep_mask(graph, batch_inputs, loss, stateful or [True] * graph.num_nodes)
     dropped: dict[str, list[str]] = {"dangling": [], "identity": [], "noop": []}
     data_inputs: dict[int, list[tuple[int, int]]] = {}
     control_inputs: dict[int, list[int]] = {}

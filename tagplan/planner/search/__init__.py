@@ -1,1 +1,1 @@
-"""Strategy search: grouping, MCTS, SFB, baselines (DESIGN.md §7, TAG §4.2)."""
+"""Strategy search: grouping, MCTS, SFB, baselines (docs/design.md §7, TAG §4.2)."""

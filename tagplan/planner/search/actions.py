@@ -4,7 +4,7 @@ An action names the device groups an op group uses (a row of TAG's placement mat
 and one of the four replication options (a row of O). Enumerating every subset of
 device groups is 2^M × 4 actions, hopeless on a cluster of 32 device groups, so
 :func:`candidate_actions` generates a capped list of the subsets that make sense for a
-heterogeneous allocation (DESIGN.md §7):
+heterogeneous allocation (docs/design.md §7):
 
 * all device groups; each single device group;
 * the k fastest (by the group's aggregate speed on this model), for every k;
@@ -30,12 +30,11 @@ import numpy as np
 
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.options import DEFAULT_MAX_ACTIONS
 from tagplan.planner.strategy import GradientSync, GroupDecision, Option
 from tagplan.planner.topology import Cluster
 
 __all__ = ["DEFAULT_MAX_ACTIONS", "Action", "ActionSpace", "candidate_actions"]
-
-DEFAULT_MAX_ACTIONS = 300
 
 
 @dataclass(frozen=True, order=True)

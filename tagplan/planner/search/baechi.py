@@ -1,4 +1,4 @@
-"""Baechi's memory-constrained model-parallel placers (papers/baechi.md §2), as baselines.
+"""Baechi's memory-constrained model-parallel placers (Baechi §2), as baselines.
 
 All three place *co-placement units* (Baechi §3.2: ops TensorFlow colocates — a variable with
 its reads and updates — move together; here also a parameter with its optimizer slots and
@@ -18,18 +18,22 @@ update region) and all are heterogeneity-aware in compute time:
 
 Memory per unit is what Baechi charges: the variables it holds plus the outputs of its
 ops. The result is a ``model-parallel`` strategy with every op placed.
+
+Why one module: the three placers share the co-placement units, the device times and the
+memory accounting; m-SCT's LP and schedule are the bulk, and belong with the others.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 import pulp
 
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, op_memory
 from tagplan.planner.cost.op_time import OpCostModel
-from tagplan.planner.errors import InvalidInput
+from tagplan.planner.errors import BudgetExhausted, InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.grouping import atoms_of
 from tagplan.planner.strategy import GroupDecision, Option, Strategy
@@ -180,6 +184,7 @@ def favourite_children(
     *,
     eligible: np.ndarray | None = None,
     threshold: float = 0.1,
+    time_limit_s: float | None = None,
 ) -> np.ndarray:
     """Each op's favourite child from the LP relaxation of SCT's ILP (Baechi §2.4, eq. 2).
 
@@ -236,7 +241,9 @@ def favourite_children(
             edges = order[bounds[op] : bounds[op + 1]]
             if len(edges) > 1:
                 problem += pulp.lpSum(x[e] for e in edges.tolist()) >= len(edges) - 1
-    problem.solve(_cbc())
+    problem.solve(_cbc(time_limit_s))
+    if time_limit_s is not None and pulp.LpStatus[problem.status] != "Optimal":
+        raise BudgetExhausted(f"SCT's favourite-child LP did not finish in {time_limit_s:.1f} s")
     if pulp.LpStatus[problem.status] != "Optimal":
         raise InvalidInput(f"SCT's favourite-child LP: {pulp.LpStatus[problem.status]}")
     value = np.array([xe.value() or 0.0 for xe in x])
@@ -251,8 +258,13 @@ def favourite_children(
     return favourite
 
 
-def _cbc() -> pulp.LpSolver:
-    return pulp.COIN_CMD(msg=False) if pulp.COIN_CMD().available() else pulp.PULP_CBC_CMD(msg=False)
+def _cbc(time_limit_s: float | None = None) -> pulp.LpSolver:
+    """CBC, the system's if installed, stopped after ``time_limit_s`` (whole seconds, at
+    least one: CBC's own resolution)."""
+    limit = None if time_limit_s is None else max(1, math.ceil(time_limit_s))
+    if pulp.COIN_CMD().available():
+        return pulp.COIN_CMD(msg=False, timeLimit=limit)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=limit)
 
 
 def sct_schedule(
@@ -454,8 +466,13 @@ def _topological_order(num_ops: int, src: np.ndarray, dst: np.ndarray) -> np.nda
     return np.array(out, dtype=np.int64)
 
 
-def m_sct(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+def m_sct(
+    ir: GraphIR, cluster: Cluster, costs: OpCostModel, *, time_limit_s: float | None = None
+) -> Strategy:
     """Baechi §2.4's m-SCT over ops, with units kept together.
+
+    ``time_limit_s`` bounds the LP's solve (:class:`~tagplan.planner.errors.BudgetExhausted`
+    past it).
 
     The favourite-child LP (:func:`favourite_children`) uses each op's mean time over
     the GPUs and each edge's transfer over the slowest link between two GPUs (SCT
@@ -480,6 +497,7 @@ def m_sct(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
         times.mean(axis=0),
         np.where(data, worst, 0.0),
         eligible=units[src] != units[dst],
+        time_limit_s=time_limit_s,
     )
     device_of_op = sct_schedule(
         times,

@@ -1,4 +1,4 @@
-"""The strategies every plan is measured against (DESIGN.md §7, TAG §5.2), as strategies
+"""The strategies every plan is measured against (docs/design.md §7, TAG §5.2), as strategies
 of the same kind the search produces, so one compiler and one simulator judge them all.
 
 * ``single``: the whole step on the best single GPU that fits it;
@@ -34,7 +34,7 @@ from tagplan.planner.strategy import (
 )
 from tagplan.planner.topology import Cluster
 
-__all__ = ["BASELINES", "baseline_strategy"]
+__all__ = ["BASELINES", "DATA_PARALLEL_BASELINES", "baseline_strategy"]
 
 
 def _all_groups(cluster: Cluster) -> list[int]:
@@ -140,9 +140,24 @@ BASELINES: dict[str, Callable[[GraphIR, Cluster, OpCostModel], Strategy]] = {
 }
 
 
-def baseline_strategy(name: str, ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
-    """The named baseline's strategy for this graph and cluster."""
+DATA_PARALLEL_BASELINES = frozenset({"dp-nccl", "dp-nccl-p", "dp-ps", "horovod"})
+"""The baselines that replicate the whole model: what users run without a planner."""
+
+
+def baseline_strategy(
+    name: str,
+    ir: GraphIR,
+    cluster: Cluster,
+    costs: OpCostModel,
+    *,
+    time_limit_s: float | None = None,
+) -> Strategy:
+    """The named baseline's strategy for this graph and cluster. ``time_limit_s`` bounds
+    the placers that solve an LP (m-SCT), which raise
+    :class:`~tagplan.planner.errors.BudgetExhausted` past it."""
     builder = BASELINES.get(name)
     if builder is None:
         raise InvalidInput(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+    if builder is m_sct:
+        return m_sct(ir, cluster, costs, time_limit_s=time_limit_s)
     return builder(ir, cluster, costs)

@@ -10,7 +10,7 @@ an undirected graph and keeps a layer's forward and backward ops together (they 
 its activations), so the group graph of a training step has cycles: layer 2's group
 feeds layer 1's through the backward pass. They are kept — contracting them would merge
 the whole step into one group — and groups are numbered by their first op in
-topological order. (DESIGN.md §7 asked for a DAG; for training graphs only separating
+topological order. (docs/design.md §7 asked for a DAG; for training graphs only separating
 forward from backward gives one, at the cost of the transfers METIS saves.)
 """
 
@@ -28,12 +28,12 @@ import pymetis
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.options import DEFAULT_MAX_GROUPS
 from tagplan.planner.topology import Cluster
 from tagplan.planner.unionfind import UnionFind
 
-__all__ = ["Grouping", "atoms_of", "cluster_mean_op_time_s", "group_ops"]
+__all__ = ["Grouping", "atoms_of", "cluster_mean_op_time_s", "group_ops", "grouping_of"]
 
-DEFAULT_MAX_GROUPS = 60
 DEFAULT_BALANCE = 2.0
 
 
@@ -177,14 +177,26 @@ def group_ops(
     atoms = atoms_of(ir)
     count = int(atoms.max()) + 1
     atom_time = np.bincount(atoms, weights=op_time_s, minlength=count)
-    src, dst, nbytes = _op_edges(ir)
     if count <= max_groups or count // 4 < 2:
         groups = atoms
     else:
         # METIS needs several vertices per part to bisect; small graphs get fewer parts
         parts = min(max_groups, count // 4)
+        src, dst, nbytes = _op_edges(ir)
         groups = _metis(atoms, atom_time, src, dst, nbytes, parts, balance, seed)[atoms]
-    groups = _topological_numbering(np.unique(groups, return_inverse=True)[1])
+    return grouping_of(
+        ir, op_time_s, _topological_numbering(np.unique(groups, return_inverse=True)[1])
+    )
+
+
+def grouping_of(ir: GraphIR, op_time_s: np.ndarray, groups: np.ndarray) -> Grouping:
+    """The :class:`Grouping` of the op groups ``groups`` (ids ``0 .. n - 1`` in DAG
+    order, as :func:`group_ops` numbers them): their times, parameters and edges. Rebuilds
+    a grouping that was computed once and passed on as its ``op_group``."""
+    groups = np.asarray(groups, dtype=np.int32)
+    if groups.shape != (ir.num_ops,) or (len(groups) and groups.min() < 0):
+        raise InvalidInput(f"op groups need one id of at least 0 per op ({ir.num_ops} ops)")
+    src, dst, nbytes = _op_edges(ir)
     num = int(groups.max()) + 1
     a, b = groups[src], groups[dst]
     cut = a != b

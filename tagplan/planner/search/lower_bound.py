@@ -1,4 +1,4 @@
-"""The physical limit every plan is reported against (DESIGN.md §7): no strategy on this
+"""The physical limit every plan is reported against (docs/design.md §7): no strategy on this
 cluster can run one training step faster.
 
     bound = max(critical path, total work spread perfectly over all GPUs)
@@ -6,7 +6,7 @@ cluster can run one training step faster.
 * **Total work**: GPU ``d`` alone runs the whole step in ``T_d``; all GPUs together, with
   perfect balance and free communication, need at least ``1 / sum_d(1 / T_d)``.
 * **Critical path**: the longest chain of dependent ops, each op at its minimum time
-  with free communication. DESIGN.md §7 takes every op on its fastest GPU; that is not a
+  with free communication. docs/design.md §7 takes every op on its fastest GPU; that is not a
   bound once an op can be split over the batch (data parallelism runs a convolution on a
   sixteenth of the batch), so a splittable op counts at its perfectly split time
   ``1 / sum_d(1 / t_d(op))`` and only the others at their fastest GPU's time.

@@ -18,13 +18,18 @@ Each iteration
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Search stops at an
-iteration or wall-clock budget, or when ``cancel()`` returns true (then
-:class:`~tagplan.planner.errors.Cancelled`).
+iteration or wall-clock budget, when ``cancel()`` returns true (then
+:class:`~tagplan.planner.errors.Cancelled`), or once it has **converged**: with
+``patience`` ``p``, when the best strategy found at iteration ``i`` has not been improved
+on for ``max(p, i)`` iterations. The window grows with the tree: a search that needed
+``i`` iterations to find its best gets as many again to beat it, so a quick answer on a
+small space returns quickly and a slow one is not cut short. The outcome's
+``stop_reason`` says which rule ended it.
 
 Equal PUCT scores — every unvisited edge under a uniform prior — are broken in the
 candidate generator's order (most promising placements first) or, with
 ``shuffle_ties``, by a generator seeded with ``seed``: TAG's "pure MCTS" of Table 7,
-and what makes root-parallel trees (DESIGN.md §7) explore differently. Either way a
+and what makes root-parallel trees (docs/design.md §7) explore differently. Either way a
 seed and an iteration budget give the same search every time; :func:`best_outcome`
 merges the trees' results.
 
@@ -42,7 +47,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from tagplan.planner.errors import Cancelled, PlannerError
+from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput, PlannerError
 from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
@@ -59,6 +64,8 @@ __all__ = [
 ]
 
 DEFAULT_C_PUCT = 1.5
+# a step time counts as an improvement when it is shorter by more than this fraction
+_IMPROVEMENT = 1e-6
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
 
 
@@ -86,10 +93,29 @@ class SearchOutcome:
     rejected: int  # strategies the engine refused (each one is a bug to look at)
     first_better_iteration: int | None  # first iteration that beat the reference
     elapsed_s: float
+    stop_reason: str = "budget"  # "budget", "iterations", "converged", "target", "skipped"
 
     @property
     def strategy(self) -> Strategy:
         return load_strategy(self.strategy_json)
+
+    @classmethod
+    def skipped(cls, seed: int) -> SearchOutcome:
+        """A tree that did not run (no time was left for it): no iterations, no strategy."""
+        return cls(
+            seed=seed,
+            actions=(),
+            strategy_json="",
+            step_time_s=0.0,  # no step: the outcome is never merged (JSON has no infinity)
+            oom=True,
+            overflow_bytes=0,
+            iterations=0,
+            evaluations=0,
+            rejected=0,
+            first_better_iteration=None,
+            elapsed_s=0.0,
+            stop_reason="skipped",
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,7 +128,7 @@ class SearchOutcome:
 def best_outcome(outcomes: Sequence[SearchOutcome]) -> SearchOutcome:
     """Root-parallel merge: the fastest plan that fits, else the smallest overflow."""
     if not outcomes:
-        raise ValueError("no search outcomes to merge")
+        raise InvalidInput("no search outcomes to merge")
     return min(outcomes, key=lambda o: (o.oom, o.overflow_bytes, o.step_time_s, o.seed))
 
 
@@ -224,7 +250,7 @@ class StrategySearch:
         )
         prior = np.asarray(self.prior.probabilities(query), dtype=np.float64)
         if prior.shape != (len(self.space),) or not np.isclose(prior.sum(), 1.0):
-            raise ValueError("a prior must give one probability per action, summing to 1")
+            raise InvalidInput("a prior must give one probability per action, summing to 1")
         n = len(prior)
         ties = self._rng.random(n) if self.shuffle_ties else -np.arange(n) / n
         return _Vertex(prior, ties * 1e-9)
@@ -237,21 +263,31 @@ class StrategySearch:
         iterations: int | None = None,
         budget_s: float | None = None,
         stop_below_s: float | None = None,
+        patience: int | None = None,
         progress: Callable[[SearchProgress], None] | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> SearchOutcome:
         """Search until ``iterations`` or ``budget_s`` runs out (at least one is required),
-        or a strategy that fits steps faster than ``stop_below_s``."""
+        a strategy that fits steps faster than ``stop_below_s``, or the search has
+        converged with ``patience`` (module docstring; ``None``: never)."""
         if iterations is None and budget_s is None:
-            raise ValueError("give an iteration or a time budget")
+            raise InvalidInput("give an iteration or a time budget")
+        if patience is not None and patience < 1:
+            raise InvalidInput(f"patience must be at least 1, got {patience}")
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
         levels = self.grouping.num_groups
         root = self._expand((), None)
         best_key: tuple[int, ...] | None = None
         first_better: int | None = None
-        done = 0
-        while (iterations is None or done < iterations) and time.perf_counter() < deadline:
+        done = improved_at = 0
+        stop_reason = "budget"
+        while True:
+            if iterations is not None and done >= iterations:
+                stop_reason = "iterations"
+                break
+            if time.perf_counter() >= deadline:
+                break
             if cancel is not None and cancel():
                 raise Cancelled("planning was cancelled")
             vertex, path, decided = root, [], []
@@ -271,6 +307,8 @@ class StrategySearch:
                 node.visits[edge] += 1
                 node.reward_sum[edge] += scored.reward
             done += 1
+            if best_key is None or self._improves(key, best_key):
+                improved_at = done
             if best_key is None or self._better(key, best_key):
                 best_key = key
             if (
@@ -282,9 +320,13 @@ class StrategySearch:
             if progress is not None:
                 progress(self._progress(done, best_key, started))
             if stop_below_s is not None and not scored.oom and scored.step_time_s < stop_below_s:
+                stop_reason = "target"
+                break
+            if patience is not None and done - improved_at >= max(patience, improved_at):
+                stop_reason = "converged"
                 break
         if best_key is None:
-            raise ValueError("the budget allowed no iteration")
+            raise BudgetExhausted("the budget allowed no search iteration")
         best = self._scores[best_key]
         return SearchOutcome(
             seed=self.seed,
@@ -298,7 +340,16 @@ class StrategySearch:
             rejected=self.rejected,
             first_better_iteration=first_better,
             elapsed_s=time.perf_counter() - started,
+            stop_reason=stop_reason,
         )
+
+    def _improves(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
+        """``key`` is better than ``than`` by more than rounding: it fits where ``than``
+        does not, overflows less, or steps faster by more than ``_IMPROVEMENT``."""
+        a, b = self._scores[key], self._scores[than]
+        if a.oom or b.oom:
+            return (a.oom, a.overflow_bytes) < (b.oom, b.overflow_bytes)
+        return a.step_time_s < b.step_time_s * (1 - _IMPROVEMENT)
 
     def _better(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
         a, b = self._scores[key], self._scores[than]
@@ -324,7 +375,7 @@ def make_feasible(
     fits or every group is model-parallel. Returns the last key and its evaluation."""
     spread = Action(tuple(range(search.evaluator.cluster.num_groups)), Option.MODEL_PARALLEL)
     if spread not in search.space.actions:
-        raise ValueError("the action space lacks model parallelism over every device group")
+        raise InvalidInput("the action space lacks model parallelism over every device group")
     spread_index = search.space.actions.index(spread)
     params = search.grouping.group_param_bytes
     current = list(key)

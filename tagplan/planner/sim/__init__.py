@@ -1,1 +1,1 @@
-"""Discrete-event simulator (DESIGN.md §6, TAG §4.3.2)."""
+"""Discrete-event simulator (docs/design.md §6, TAG §4.3.2)."""

@@ -1,16 +1,56 @@
-"""The compiled scheduling loop of the simulator (DESIGN.md §6).
+"""The compiled scheduling loops of the simulator (docs/design.md §6, TAG §4.3.2).
 
-Two list schedulers over the flat arrays of a :class:`~tagplan.planner.sim.taskgraph.TaskGraph`,
-both non-preemptive. A task *holds* a set of resources while it runs:
-resources ``0 .. num_devices - 1`` are the devices, ``num_devices + l`` is link ``l``.
-A compute task holds its device (and any links listed for it); a transfer or collective
-holds every link of its link set and no device. A task that holds nothing (a transfer
-with an empty link set) starts as soon as it is ready. A task is *ready* when its last
-predecessor has finished: ``ready(x) = max(finish(p) for p in pred(x))`` (0 for a
-source).
+The loops schedule the flat arrays of a :class:`~tagplan.planner.sim.taskgraph.TaskGraph`.
+Resources ``0 .. num_devices - 1`` are the devices, ``num_devices + l`` is link ``l``. A
+task is *ready* when its last predecessor has finished:
+``ready(x) = max(finish(p) for p in pred(x))`` (0 for a source). A compute task holds its
+device, non-preemptively; how communication uses links is the *link model*.
 
-**FIFO** (TAG §4.3.2, TensorFlow's executor). Each resource serves the tasks that need it
-in the order they became ready, ties broken by task index:
+**Shared links** (the default). A transfer ``x`` starts when it is ready (a collective when
+its communicator is free, below) and holds no device. Its duration ``p_x`` splits into a
+latency part ``a_x`` and a bandwidth part ``w_x = p_x - a_x``; on each link ``l`` of its
+set it has a share ``u_{x,l} \\in (0, 1]``, the fraction of the link's bandwidth it uses at
+its uncontended speed. It first pays its latency, using no bandwidth, then is an *active
+flow* that moves at a speed ``\\phi_x(t) \\in (0, 1]`` (a fraction of its uncontended speed) until
+
+.. math::
+
+    \\int \\phi_x(t)\\,dt = w_x,\\qquad
+    \\sum_{x \\ni l} \\phi_x(t)\\, u_{x,l} \\le 1 \\ \\ \\forall l,\\qquad \\phi_x(t) \\le 1,
+
+the speeds being the *max-min fair* solution of these constraints, recomputed whenever a
+flow becomes active or ends, by progressive filling: raise every speed together; when a
+link is full, freeze the speeds of its flows at the current level; stop at 1. So ``k``
+equal flows into one link each move at ``1/k`` and all finish after ``k w``; a flow alone
+finishes after ``p_x``, as in the cost model. The rule is work-conserving: every active
+flow moves (``\\phi_x > 0``), so a link with traffic is never idle, and each flow either
+moves at full speed or crosses a full link on which no flow is faster. Link ``l``'s busy
+time is ``\\sum_x u_{x,l} w_x``, the bytes it carried over its bandwidth.
+
+A *collective* is one flow over all its links: a ring AllReduce of ``S`` bytes among ``k``
+devices moves ``V = 2(k-1)S/k`` bytes over every link of the ring, at the rate ``R`` of its
+slowest path when uncontended, so ``u_{x,l} = \\min(1, R / c_l)`` for a link of bandwidth
+``c_l``, ``w_x = \\min(p_x, V / R)`` and ``a_x = p_x - w_x`` (``2(k-1)\\alpha`` for the
+closed form of :func:`~tagplan.planner.cost.comm.ring_allreduce_time_s`). When links are
+shared it moves at the speed of its most contended link; alone it takes ``p_x`` as before.
+Collectives with the same links and shares (one communicator: the same devices) run one at
+a time, as a collective library runs a communicator's collectives in order on one stream;
+collectives of other communicators and transfers share links with it. The compiler
+(:mod:`~tagplan.planner.compile.links`) sets the shares and latencies.
+
+Compute tasks wait in one queue per device, collectives in one per communicator; a free
+device or communicator starts the head of its queue, ordered by ``(ready, index)`` (FIFO,
+TensorFlow's executor) or by ``(-priority, ready, index)`` (HeteroG §4.2's list scheduling
+by upward rank). Flows of one route (the same links and shares) always move at the same
+speed, so the loop keeps one progress counter and one heap of finishing points per route,
+and fills per route: the cost of a change is ``O(E + K L)`` for ``E`` route-link pairs in
+use, ``K`` rounds of filling and ``L`` links.
+
+**Exclusive links** (``shared_links=False``: each link carries one transfer at a time, the
+model before links were shared, kept for comparison). A transfer or collective *holds*
+every link of its link set for its whole duration, non-preemptively. In FIFO mode each
+resource serves the tasks that need it in the order they became ready, ties broken by
+task index:
 
 .. math::
 
@@ -22,35 +62,42 @@ computed by popping one global heap keyed by ``(ready, index)``: ready times com
 non-decreasing, so the order in which a resource is claimed is its FIFO order. A task
 that holds several links keeps its place in the queue of each, so a collective that waits
 for a busy link also holds back later tasks on its other links (head-of-line blocking).
+In priority mode each resource keeps its own waiting queue, a binary heap keyed by
+``(-priority, ready, index)``. Time advances from one finish event to the next; at each
+event time the finished tasks release their resources, their successors that became
+ready join the queues of their resources, and then every resource that was released or
+received a task looks at the head of its queue: the head starts when it is also the head
+of the queue of every other resource it needs and all of them are free. As in FIFO mode
+the head reserves its resources: a lower-priority task does not slip past a waiting
+collective. The head is decided by one total order, so the globally first waiting task
+always heads all its queues and the loop cannot deadlock. With equal priorities and
+positive durations both modes give the same schedule. A task that holds nothing (a
+transfer with an empty link set) starts as soon as it is ready; ``busy_s`` of a link is
+the summed durations of the tasks that held it.
 
-**Priority** (HeteroG §4.2: list scheduling by upward rank). Each resource keeps its own
-waiting queue, a binary heap keyed by ``(-priority, ready, index)``. Time advances from
-one finish event to the next; at each event time the finished tasks release their
-resources, their successors that became ready join the queues of their resources, and
-then every resource that was released or received a task looks at the head of its queue:
-the head starts when it is also the head of the queue of every other resource it needs
-and all of them are free. So a free resource picks, among the tasks *already waiting* for
-it, the one of highest priority, even if it became ready later. As in FIFO mode the head
-reserves its resources: a lower-priority task does not slip past a waiting collective.
-The head is decided by one total order, so the globally first waiting task always heads
-all its queues and the loop cannot deadlock. With equal priorities and positive durations
-both modes give the same schedule.
+Each exclusive loop costs ``O((V + E + H) log V)`` for ``V`` tasks, ``E`` dependencies and
+``H`` held resources.
+:func:`schedule` returns ``(start_s, finish_s, busy_s, scheduled)`` where ``busy_s`` is per
+resource and ``scheduled`` counts the tasks that ran: fewer than ``num_tasks`` means the
+dependencies form a cycle.
 
-Each loop costs ``O((V + E + H) log V)`` for ``V`` tasks, ``E`` dependencies and ``H`` held
-resources. :func:`schedule` returns ``(start_s, finish_s, busy_s, scheduled)`` where
-``busy_s`` is per resource (the summed durations of the tasks that held it) and
-``scheduled`` counts the tasks that ran: fewer than ``num_tasks`` means the dependencies
-form a cycle.
+Why one module: numba compiles a kernel together with the kernels it calls; the three
+loops share the heaps, the waiting queues and the resource indexing above, and keeping
+them in one module keeps every njit call inside one compilation cache file and one place
+to read the scheduling rules side by side.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 __all__ = ["schedule", "upward_rank_kernel"]
 
-_COMPUTE = 0  # taskgraph.COMPUTE, repeated as a literal for the compiled code
+_COMPUTE = 0  # taskgraph.COMPUTE and COLLECTIVE, repeated as literals for the compiled code
+_COLLECTIVE = 2
 
 
 @njit(cache=True)
@@ -326,24 +373,432 @@ def _by_priority(
     return scheduled
 
 
+_FULL_ROOM = 1e-9  # a link with less spare capacity than this (of 1) is full
+
+
+@njit(cache=True)
+def _release(x, succ_ptr, succ_index, remaining, arriving, narriving):
+    """Successors of the finished task ``x`` that became ready join ``arriving``."""
+    for k in range(succ_ptr[x], succ_ptr[x + 1]):
+        y = succ_index[k]
+        remaining[y] -= 1
+        if remaining[y] == 0:
+            arriving[narriving] = y
+            narriving += 1
+    return narriving
+
+
+@njit(cache=True)
+def _same_route(a, b, link_ptr, link_index, link_share):
+    """Whether tasks ``a`` and ``b`` list the same links with the same shares."""
+    if link_ptr[a + 1] - link_ptr[a] != link_ptr[b + 1] - link_ptr[b]:
+        return False
+    for j in range(link_ptr[a + 1] - link_ptr[a]):
+        ea, eb = link_ptr[a] + j, link_ptr[b] + j
+        if link_index[ea] != link_index[eb] or link_share[ea] != link_share[eb]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _routes(kind, link_ptr, link_index, link_share, route):
+    """Number the distinct routes (links with shares) of the communication tasks.
+
+    ``route[x]`` gets the route of task ``x`` (-1 for one without links); returns the
+    number of routes and a task of each. Flows of one route have the same constraints,
+    so max-min fairness gives them the same speed: the loop shares links among routes.
+    """
+    n = len(kind)
+    count = 0
+    for x in range(n):
+        if kind[x] != _COMPUTE and link_ptr[x + 1] > link_ptr[x]:
+            count += 1
+    size = 1
+    while size < 2 * count:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    first = np.empty(count, dtype=np.int64)
+    nroutes = 0
+    for x in range(n):
+        route[x] = -1
+        if kind[x] == _COMPUTE or link_ptr[x + 1] == link_ptr[x]:
+            continue
+        h = np.uint64(14695981039346656037)
+        for e in range(link_ptr[x], link_ptr[x + 1]):
+            h = (h ^ np.uint64(link_index[e])) * np.uint64(1099511628211)
+            h = (h ^ np.uint64(link_share[e] * 1e12)) * np.uint64(1099511628211)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            y = table[slot]
+            if y < 0:
+                table[slot] = x
+                route[x] = nroutes
+                first[nroutes] = x
+                nroutes += 1
+                break
+            if _same_route(x, y, link_ptr, link_index, link_share):
+                route[x] = route[y]
+                break
+            slot = (slot + 1) & (size - 1)
+    return nroutes, first
+
+
+class _FillScratch(NamedTuple):
+    """Work arrays of :func:`_fill`, allocated once per simulation."""
+
+    load: np.ndarray  # float64 per link: summed shares of its unfrozen flows
+    room: np.ndarray  # float64 per link: spare capacity
+    unfrozen: np.ndarray  # int64 per link: unfrozen routes on it (zero between calls)
+    used: np.ndarray  # int64: the links in use
+    slot: np.ndarray  # int64 per link: its position in ``used``
+    ptr: np.ndarray  # int64, len(used) + 1: CSR over ``members``
+    fill: np.ndarray  # int64 per link in use: next free place in its row of ``members``
+    members: np.ndarray  # int64: the routes of each link in use
+    frozen: np.ndarray  # bool per route
+
+
+@njit(cache=True)
+def _fill(busy_routes, nbusy, first, nflows, link_ptr, link_index, link_share, speed, scratch):
+    """Max-min fair speeds of the routes with flows, by progressive filling (module
+    docstring): ``speed[c]`` for every route ``c`` of ``busy_routes[:nbusy]``, which carries
+    ``nflows[c]`` flows along the links of its task ``first[c]``.
+
+    Each round raises the level of the unfrozen routes to the point where the next links
+    fill, then freezes the routes on those links, found through a per-link list of routes
+    built once per call; so a call costs ``O(E + K L)`` for ``E`` route-link pairs, ``K``
+    rounds and ``L`` links in use. ``scratch`` holds the per-link and per-route work arrays
+    (see :class:`_FillScratch`).
+    """
+    load, room, unfrozen, used = scratch.load, scratch.room, scratch.unfrozen, scratch.used
+    ptr, members, frozen = scratch.ptr, scratch.members, scratch.frozen
+    nused = 0
+    for i in range(nbusy):
+        c = busy_routes[i]
+        frozen[c] = False
+        x = first[c]
+        for e in range(link_ptr[x], link_ptr[x + 1]):
+            link = link_index[e]
+            if unfrozen[link] == 0:
+                used[nused] = link
+                nused += 1
+                load[link] = 0.0
+                room[link] = 1.0
+            unfrozen[link] += 1
+            load[link] += nflows[c] * link_share[e]
+    # The routes of each link in use: link ``used[j]`` lists ``members[ptr[j]:ptr[j+1]]``.
+    ptr[0] = 0
+    for j in range(nused):
+        ptr[j + 1] = ptr[j] + unfrozen[used[j]]
+        scratch.slot[used[j]] = j
+        scratch.fill[j] = ptr[j]
+    for i in range(nbusy):
+        c = busy_routes[i]
+        x = first[c]
+        for e in range(link_ptr[x], link_ptr[x + 1]):
+            j = scratch.slot[link_index[e]]
+            members[scratch.fill[j]] = c
+            scratch.fill[j] += 1
+    nfree = nbusy
+    level = 0.0
+    while nfree > 0:
+        step = 1.0 - level
+        limited = False
+        for j in range(nused):
+            link = used[j]
+            if unfrozen[link] > 0 and room[link] < step * load[link]:
+                step = room[link] / load[link]
+                limited = True
+        level += step
+        if not limited:  # the unfrozen routes reach full speed
+            for i in range(nbusy):
+                c = busy_routes[i]
+                if not frozen[c]:
+                    speed[c] = 1.0
+            break
+        for j in range(nused):
+            link = used[j]
+            if unfrozen[link] > 0:
+                room[link] -= step * load[link]
+        for j in range(nused):
+            link = used[j]
+            if unfrozen[link] == 0 or room[link] > _FULL_ROOM:
+                continue
+            for k in range(ptr[j], ptr[j + 1]):
+                c = members[k]
+                if frozen[c]:
+                    continue
+                frozen[c] = True
+                speed[c] = level
+                nfree -= 1
+                x = first[c]
+                for e in range(link_ptr[x], link_ptr[x + 1]):
+                    unfrozen[link_index[e]] -= 1
+                    load[link_index[e]] -= nflows[c] * link_share[e]
+    for j in range(nused):
+        unfrozen[used[j]] = 0
+
+
+@njit(cache=True)
+def _free(s, held, marked, touched, ntouched):
+    """Server ``s`` (``-1`` for none) is free again: it will offer its queue's head a start."""
+    if s < 0:
+        return ntouched
+    held[s] = False
+    if not marked[s]:
+        marked[s] = True
+        touched[ntouched] = s
+        ntouched += 1
+    return ntouched
+
+
+@njit(cache=True)
+def _shared(
+    kind,
+    device,
+    duration,
+    latency,
+    priority,
+    link_ptr,
+    link_index,
+    link_share,
+    succ_ptr,
+    succ_index,
+    num_devices,
+    remaining,
+    ready,
+    start,
+    finish,
+    busy,
+):
+    n = len(kind)
+    num_links = len(busy) - num_devices
+    # Flows by route. The flows of a route move at one speed, so each route keeps its
+    # progress ``progress[c]`` (work done per flow since it got flows) and a heap of its
+    # flows keyed by the progress at which each finishes, in its slice of ``flow_key``.
+    route = np.empty(n, dtype=np.int64)
+    nroutes, first = _routes(kind, link_ptr, link_index, link_share, route)
+    rbase = np.zeros(nroutes + 1, dtype=np.int64)
+    for x in range(n):
+        if route[x] >= 0:
+            rbase[route[x] + 1] += 1
+    for c in range(nroutes):
+        rbase[c + 1] += rbase[c]
+    flow_key = np.empty(rbase[nroutes])
+    flow_x = np.empty(rbase[nroutes], dtype=np.int64)
+    nflows = np.zeros(nroutes, dtype=np.int64)
+    progress = np.zeros(nroutes)
+    speed = np.ones(nroutes)
+    next_done = np.empty(nroutes)
+    busy_routes = np.empty(nroutes, dtype=np.int64)
+    nbusy = 0
+    pairs = 0
+    for c in range(nroutes):
+        pairs += link_ptr[first[c] + 1] - link_ptr[first[c]]
+    scratch = _FillScratch(
+        np.empty(num_links),
+        np.empty(num_links),
+        np.zeros(num_links, dtype=np.int64),
+        np.empty(num_links, dtype=np.int64),
+        np.empty(num_links, dtype=np.int64),
+        np.empty(num_links + 1, dtype=np.int64),
+        np.empty(num_links, dtype=np.int64),
+        np.empty(pairs, dtype=np.int64),
+        np.zeros(nroutes, dtype=np.bool_),
+    )
+    # Servers run one task at a time from a waiting queue (a heap in its slice of
+    # ``store``): each device its compute tasks, each collective route (a communicator)
+    # its collectives. Other transfers start when ready.
+    num_servers = num_devices + nroutes
+    server = np.full(n, -1, dtype=np.int64)
+    for x in range(n):
+        if kind[x] == _COMPUTE:
+            server[x] = device[x]
+        elif kind[x] == _COLLECTIVE and route[x] >= 0:
+            server[x] = num_devices + route[x]
+    base = np.zeros(num_servers + 1, dtype=np.int64)
+    for x in range(n):
+        if server[x] >= 0:
+            base[server[x] + 1] += 1
+    for s in range(num_servers):
+        base[s + 1] += base[s]
+    store = np.empty(base[num_servers], dtype=np.int64)
+    qsize = np.zeros(num_servers, dtype=np.int64)
+    held = np.zeros(num_servers, dtype=np.bool_)
+    touched = np.empty(num_servers, dtype=np.int64)
+    marked = np.zeros(num_servers, dtype=np.bool_)
+    ntouched = 0
+    # Timed events: a compute task's finish, the end of a transfer's latency, the finish
+    # of a transfer that moves nothing over a link.
+    event_t = np.empty(n)
+    event_x = np.empty(n, dtype=np.int64)
+    nevents = 0
+    arriving = np.empty(n, dtype=np.int64)
+    narriving = 0
+    starting = np.empty(n, dtype=np.int64)
+    nstarting = 0
+    joining = np.empty(n, dtype=np.int64)
+    njoining = 0
+    rated_at = 0.0
+    next_flow_t = np.inf
+    changed = False
+    for x in range(n):
+        if remaining[x] == 0:
+            arriving[narriving] = x
+            narriving += 1
+    scheduled = 0
+    t = 0.0
+    while True:
+        # Tasks that became ready at ``t`` queue for their server or start.
+        for i in range(narriving):
+            x = arriving[i]
+            ready[x] = t
+            s = server[x]
+            if s < 0:
+                starting[nstarting] = x
+                nstarting += 1
+                continue
+            qsize[s] = _queue_push(store, base[s], qsize[s], x, priority, ready)
+            if not marked[s]:
+                marked[s] = True
+                touched[ntouched] = s
+                ntouched += 1
+        narriving = 0
+        for i in range(ntouched):
+            s = touched[i]
+            marked[s] = False
+            if held[s] or qsize[s] == 0:
+                continue
+            x = store[base[s]]
+            qsize[s] = _queue_pop(store, base[s], qsize[s], priority, ready)
+            held[s] = True
+            starting[nstarting] = x
+            nstarting += 1
+        ntouched = 0
+        # A starting task runs for its duration, or pays its latency and then flows.
+        for i in range(nstarting):
+            x = starting[i]
+            start[x] = t
+            scheduled += 1
+            if kind[x] == _COMPUTE:
+                busy[device[x]] += duration[x]
+                finish[x] = t + duration[x]
+                nevents = _heap_push(event_t, event_x, nevents, finish[x], x)
+            elif route[x] < 0 or duration[x] <= latency[x]:
+                nevents = _heap_push(event_t, event_x, nevents, t + duration[x], x)
+            elif latency[x] > 0.0:
+                nevents = _heap_push(event_t, event_x, nevents, t + latency[x], x)
+            else:
+                joining[njoining] = x
+                njoining += 1
+        nstarting = 0
+        if njoining > 0 or changed:
+            # Bring the routes' progress up to ``t``, add the new flows, share anew.
+            for i in range(nbusy):
+                c = busy_routes[i]
+                progress[c] += speed[c] * (t - rated_at)
+            rated_at = t
+            for i in range(njoining):
+                x = joining[i]
+                c = route[x]
+                if nflows[c] == 0:
+                    busy_routes[nbusy] = c
+                    nbusy += 1
+                    progress[c] = 0.0
+                work = duration[x] - latency[x]
+                nflows[c] = _heap_push(
+                    flow_key[rbase[c] : rbase[c + 1]],
+                    flow_x[rbase[c] : rbase[c + 1]],
+                    nflows[c],
+                    progress[c] + work,
+                    x,
+                )
+                for e in range(link_ptr[x], link_ptr[x + 1]):
+                    busy[num_devices + link_index[e]] += link_share[e] * work
+            njoining = 0
+            changed = False
+            _fill(
+                busy_routes,
+                nbusy,
+                first,
+                nflows,
+                link_ptr,
+                link_index,
+                link_share,
+                speed,
+                scratch,
+            )
+            next_flow_t = np.inf
+            for i in range(nbusy):
+                c = busy_routes[i]
+                next_done[c] = t + (flow_key[rbase[c]] - progress[c]) / speed[c]
+                if next_done[c] < next_flow_t:
+                    next_flow_t = next_done[c]
+        if nevents == 0 and nbusy == 0:
+            break
+        t = next_flow_t
+        if nevents > 0 and event_t[0] < t:
+            t = event_t[0]
+        while nevents > 0 and event_t[0] == t:
+            x = event_x[0]
+            nevents = _heap_pop(event_t, event_x, nevents)
+            if kind[x] != _COMPUTE and route[x] >= 0 and duration[x] > latency[x]:
+                joining[njoining] = x  # its latency is paid: it starts to flow
+                njoining += 1
+                continue
+            finish[x] = t
+            narriving = _release(x, succ_ptr, succ_index, remaining, arriving, narriving)
+            ntouched = _free(server[x], held, marked, touched, ntouched)
+        if next_flow_t <= t:
+            # The routes whose first flows finish now: those flows leave.
+            i = 0
+            while i < nbusy:
+                c = busy_routes[i]
+                progress[c] += speed[c] * (t - rated_at)
+                if next_done[c] <= t:
+                    lo, hi = rbase[c], rbase[c + 1]
+                    progress[c] = flow_key[lo]
+                    while nflows[c] > 0 and flow_key[lo] <= progress[c]:
+                        x = flow_x[lo]
+                        finish[x] = t
+                        nflows[c] = _heap_pop(flow_key[lo:hi], flow_x[lo:hi], nflows[c])
+                        narriving = _release(
+                            x, succ_ptr, succ_index, remaining, arriving, narriving
+                        )
+                        ntouched = _free(server[x], held, marked, touched, ntouched)
+                    if nflows[c] == 0:
+                        nbusy -= 1
+                        busy_routes[i] = busy_routes[nbusy]
+                        continue
+                i += 1
+            rated_at = t
+            changed = True
+            next_flow_t = np.inf
+    return scheduled
+
+
 @njit(cache=True)
 def schedule(
     kind,
     device,
     duration,
+    latency,
     priority,
     link_ptr,
     link_index,
+    link_share,
     succ_ptr,
     succ_index,
     num_devices,
     num_links,
     use_priority,
+    shared_links,
 ):
     """Start and finish time of every task, busy seconds per resource, tasks scheduled.
 
-    ``kind`` int8, ``device`` int32, ``duration`` / ``priority`` float64, the CSR arrays
-    int32 or int64 as in :class:`TaskGraph`. See the module docstring for the two rules.
+    ``kind`` int8, ``device`` int32, ``duration`` / ``latency`` / ``priority`` /
+    ``link_share`` float64, the CSR arrays int32 or int64 as in :class:`TaskGraph`. See the
+    module docstring for the rules; ``latency`` and ``link_share`` only matter when
+    ``shared_links``.
     """
     n = len(kind)
     remaining = np.zeros(n, dtype=np.int64)
@@ -353,7 +808,26 @@ def schedule(
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     busy = np.zeros(num_devices + num_links)
-    if use_priority:
+    if shared_links:
+        scheduled = _shared(
+            kind,
+            device,
+            duration,
+            latency,
+            priority if use_priority else np.zeros(n),
+            link_ptr,
+            link_index,
+            link_share,
+            succ_ptr,
+            succ_index,
+            num_devices,
+            remaining,
+            ready,
+            start,
+            finish,
+            busy,
+        )
+    elif use_priority:
         scheduled = _by_priority(
             kind,
             device,

@@ -1,7 +1,8 @@
-"""Simulate one training step of a task graph (DESIGN.md §6, TAG §4.3.2, Table 1).
+"""Simulate one training step of a task graph (docs/design.md §6, TAG §4.3.2, Table 1).
 
-:func:`simulate` schedules the tasks (:mod:`~tagplan.planner.sim.engine`: FIFO per device
-and per link, or HeteroG's priority order), counts memory by reference
+:func:`simulate` schedules the tasks (:mod:`~tagplan.planner.sim.engine`: devices in FIFO or
+HeteroG's priority order, transfers sharing the bandwidth of their links max-min fairly
+or, for comparison, holding them exclusively), counts memory by reference
 (:mod:`~tagplan.planner.sim.memory`) and derives the runtime feedback TAG feeds its GNN
 (Table 1):
 
@@ -24,15 +25,22 @@ caught, as tasks left unscheduled, and raised as :class:`InvalidInput`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.sim import engine
 from tagplan.planner.sim.memory import memory_profile
-from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
+from tagplan.planner.sim.taskgraph import COMPUTE, TASK_COLUMNS, TaskGraph
 
-__all__ = ["SimResult", "simulate", "upward_rank"]
+__all__ = ["LINK_MODELS", "LinkModel", "SimResult", "simulate", "upward_rank"]
+
+LinkModel = Literal["shared", "exclusive"]
+LINK_MODELS: tuple[LinkModel, ...] = ("shared", "exclusive")
+"""``shared``: concurrent transfers share a link's bandwidth max-min fairly (the default);
+``exclusive``: a transfer holds its links for its whole duration, FIFO (the former model,
+kept for comparison). See :mod:`~tagplan.planner.sim.engine`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,7 +52,7 @@ class SimResult:
     finish_s: np.ndarray  # float64 per task
     device_busy_s: np.ndarray  # float64 per device: sum of its compute durations
     device_idle_fraction: np.ndarray  # float64 per device: 1 - busy / step_time
-    link_busy_s: np.ndarray  # float64 per link: sum of durations of tasks holding it
+    link_busy_s: np.ndarray  # float64 per link: seconds of traffic at its full bandwidth
     link_idle_fraction: np.ndarray  # float64 per link
     peak_memory_bytes: np.ndarray  # int64 per device: buffers + persistent + reserve
     oom: bool  # some device's peak exceeds its capacity
@@ -54,13 +62,19 @@ class SimResult:
     reserve_bytes: int = 0  # framework reserve included in peak_memory_bytes
 
 
-def _check(tg: TaskGraph, device_memory_bytes: np.ndarray | None, use_priority: bool) -> None:
+def _check(
+    tg: TaskGraph, device_memory_bytes: np.ndarray | None, use_priority: bool, link_model: str
+) -> None:
     n = tg.num_tasks
-    for name in ("task_device", "task_duration_s", "task_priority", "task_group", "task_bytes"):
+    for name in TASK_COLUMNS:
         if len(getattr(tg, name)) != n:
             raise InvalidInput(f"task graph: {name} has {len(getattr(tg, name))} rows, not {n}")
     if len(tg.link_ptr) != n + 1 or len(tg.succ_ptr) != n + 1:
         raise InvalidInput("task graph: link_ptr and succ_ptr need num_tasks + 1 entries")
+    if len(tg.link_share) != len(tg.link_index):
+        raise InvalidInput("task graph: link_share needs one entry per link_index entry")
+    if link_model not in LINK_MODELS:
+        raise InvalidInput(f"unknown link model {link_model!r}; expected one of {LINK_MODELS}")
     if len(tg.persistent_bytes) != tg.num_devices:
         raise InvalidInput("task graph: persistent_bytes needs one entry per device")
     if use_priority and not np.isfinite(tg.task_priority).all():
@@ -113,6 +127,7 @@ def simulate(
     device_memory_bytes: np.ndarray | None = None,
     reserve_bytes: int = 0,
     use_priority: bool = False,
+    link_model: LinkModel = "shared",
 ) -> SimResult:
     """Schedule ``tg`` and report step time, memory and the feedback of TAG Table 1.
 
@@ -127,26 +142,33 @@ def simulate(
     use_priority : bool
         Schedule by ``tg.task_priority`` (HeteroG §4.2, e.g. :func:`upward_rank`) instead
         of FIFO (TAG §4.3.2); see :mod:`~tagplan.planner.sim.engine`.
+    link_model : LinkModel
+        ``shared`` (max-min fair bandwidth sharing) or ``exclusive`` (the former model:
+        a transfer holds its links, FIFO or by priority); see :data:`LINK_MODELS`.
 
     Raises
     ------
     InvalidInput
-        Mismatched array lengths, non-finite priorities in priority mode, or a cycle.
+        Mismatched array lengths, non-finite priorities in priority mode, an unknown link
+        model, or a cycle.
     """
-    _check(tg, device_memory_bytes, use_priority)
+    _check(tg, device_memory_bytes, use_priority, link_model)
     start_s, finish_s, busy, scheduled = engine.schedule(
         # The declared dtypes (no copy when already so): one compiled specialization.
         np.asarray(tg.task_kind, dtype=np.int8),
         np.asarray(tg.task_device, dtype=np.int32),
         np.asarray(tg.task_duration_s, dtype=np.float64),
+        np.asarray(tg.task_latency_s, dtype=np.float64),
         np.asarray(tg.task_priority, dtype=np.float64),
         np.asarray(tg.link_ptr, dtype=np.int32),
         np.asarray(tg.link_index, dtype=np.int32),
+        np.asarray(tg.link_share, dtype=np.float64),
         np.asarray(tg.succ_ptr, dtype=np.int32),
         np.asarray(tg.succ_index, dtype=np.int32),
         int(tg.num_devices),
         int(tg.num_links),
         bool(use_priority),
+        link_model == "shared",
     )
     if scheduled < tg.num_tasks:
         raise InvalidInput(

@@ -1,4 +1,4 @@
-"""The task graph the compiler hands to the simulator (DESIGN.md §5-§6).
+"""The task graph the compiler hands to the simulator (docs/design.md §5-§6).
 
 Flat arrays, one row per task. A task is either a *compute* task that occupies one device
 for its duration (an op replica, or an auxiliary Split / Concat / AddN the compiler
@@ -13,8 +13,12 @@ consumers is freed when its producer finishes. ``persistent_bytes`` per device (
 optimizer slots) are resident for the whole step.
 
 Links are resources of the cluster the compiler chose to model (e.g. each device's port
-into its machine's interconnect, each machine's network uplink and downlink); a transfer
-holds the links on its path, so transfers that share a link are serialized in FIFO order.
+into its machine's interconnect, each machine's network uplink and downlink); a
+communication task lists the links it crosses, each with its *share*: the fraction of
+that link's bandwidth the task uses when it runs uncontended (1 on its bottleneck). Its
+duration splits into a latency part (``task_latency_s``) and a bandwidth part, the rest.
+Concurrent tasks share a link's bandwidth, each slowed by the contention on its links
+(:mod:`~tagplan.planner.sim.engine`). Compute tasks list no links.
 """
 
 from __future__ import annotations
@@ -25,11 +29,21 @@ import numpy as np
 
 from tagplan.planner.errors import InvalidInput
 
-__all__ = ["COLLECTIVE", "COMPUTE", "TRANSFER", "TaskGraph"]
+__all__ = ["COLLECTIVE", "COMPUTE", "TASK_COLUMNS", "TRANSFER", "TaskGraph"]
 
 COMPUTE = 0
 TRANSFER = 1
 COLLECTIVE = 2
+
+TASK_COLUMNS = (
+    "task_device",
+    "task_duration_s",
+    "task_priority",
+    "task_group",
+    "task_bytes",
+    "task_latency_s",
+)
+"""The per-task arrays besides ``task_kind``: one row per task each."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,8 +58,10 @@ class TaskGraph:
     task_priority: np.ndarray  # float64: larger runs first among tasks ready at once
     task_group: np.ndarray  # int32: op group the task belongs to (-1 for none), for feedback
     task_bytes: np.ndarray  # int64: bytes moved by a communication task (0 for compute)
-    link_ptr: np.ndarray  # int32 CSR over link_index: links held by each task
+    task_latency_s: np.ndarray  # float64: latency part of a duration (0 for compute)
+    link_ptr: np.ndarray  # int32 CSR over link_index: links used by each task
     link_index: np.ndarray  # int32
+    link_share: np.ndarray  # float64 in (0, 1], per link_index entry: bandwidth share
     succ_ptr: np.ndarray  # int32 CSR over succ_index: tasks that wait for each task
     succ_index: np.ndarray  # int32
     buffer_device: np.ndarray  # int32
@@ -69,7 +85,7 @@ class TaskGraph:
     def validate(self) -> None:
         """Check shapes, index ranges and acyclicity; raise InvalidInput naming the fault."""
         n = self.num_tasks
-        for name in ("task_device", "task_duration_s", "task_priority", "task_group", "task_bytes"):
+        for name in TASK_COLUMNS:
             if len(getattr(self, name)) != n:
                 raise InvalidInput(
                     f"task graph: {name} has {len(getattr(self, name))} rows, expected {n}"
@@ -90,6 +106,15 @@ class TaskGraph:
             self.link_index.min() < 0 or self.link_index.max() >= self.num_links
         ):
             raise InvalidInput("task graph: a link index is out of range")
+        if len(self.link_share) != len(self.link_index):
+            raise InvalidInput("task graph: link_share needs one entry per link_index entry")
+        if not ((self.link_share > 0) & (self.link_share <= 1)).all():
+            raise InvalidInput("task graph: link shares must lie in (0, 1]")
+        if (compute & (np.diff(self.link_ptr) > 0)).any():
+            raise InvalidInput("task graph: a compute task lists links")
+        latency = self.task_latency_s
+        if not ((latency >= 0) & (latency <= self.task_duration_s)).all():
+            raise InvalidInput("task graph: latencies must lie between 0 and the duration")
         if len(self.succ_index) and (self.succ_index.min() < 0 or self.succ_index.max() >= n):
             raise InvalidInput("task graph: a successor index is out of range")
         if len(self.persistent_bytes) != self.num_devices:

@@ -1,4 +1,4 @@
-"""A simulated step as a Chrome trace, for Perfetto or ``chrome://tracing`` (DESIGN.md §6).
+"""A simulated step as a Chrome trace, for Perfetto or ``chrome://tracing`` (docs/design.md §6).
 
 The Trace Event Format (JSON object form, ``{"traceEvents": [...]}``) with:
 

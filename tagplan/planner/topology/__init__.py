@@ -1,4 +1,4 @@
-"""Cluster schema, GPU catalog, device groups and canonical fingerprint (DESIGN.md §2).
+"""Cluster schema, GPU catalog, device groups and canonical fingerprint (docs/design.md §2).
 
 A scheduler describes its allocation as a :class:`ClusterSpec` (JSON/YAML, units in
 every field name); :func:`load_cluster` validates it and resolves it to a

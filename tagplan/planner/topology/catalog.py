@@ -2,7 +2,7 @@
 
 The built-in table (``gpu_catalog.yaml``, shipped as package data) holds public
 datasheet figures, each with its ``source``. A cluster spec may add types or replace
-built-in ones under ``gpu_types`` (DESIGN.md §2). Type names match case-insensitively
+built-in ones under ``gpu_types`` (docs/design.md §2). Type names match case-insensitively
 and are normalized to the spelling of their definition, so ``v100-32gb`` and
 ``V100-32GB`` name the same type (and give the same cluster fingerprint).
 """
@@ -29,7 +29,9 @@ __all__ = [
 
 _TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
-PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+MAX_PEAK = 1e6
+"""Bound of every peak figure (TFLOPS, GB/s, GiB): far above any GPU, finite in float64."""
+PositiveFinite = Annotated[float, Field(gt=0, le=MAX_PEAK, allow_inf_nan=False)]
 
 
 class GpuTypeSpec(BaseModel):
@@ -39,6 +41,9 @@ class GpuTypeSpec(BaseModel):
     ``None`` means unknown, and the engine then uses ``fp32_tflops`` for FP16 work.
     ``tf32_tflops`` is the dense TF32 tensor-core rate (Ampere and later), which
     TensorFlow uses for float32 convolutions and matrix products by default.
+    ``winograd`` says whether the device's convolution library offers Winograd
+    algorithms for 3x3 convolutions (cuDNN does on every NVIDIA GPU; TensorFlow's CPU
+    kernels do not), which the cost model then considers (:mod:`tagplan.planner.cost.conv_algo`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -49,6 +54,7 @@ class GpuTypeSpec(BaseModel):
     tf32_tflops: PositiveFinite | None = None
     memory_bandwidth_gb_per_s: PositiveFinite
     memory_gib: PositiveFinite
+    winograd: bool = True
     source: str | None = None
 
     @field_validator("name")

@@ -17,7 +17,7 @@ Link model: machines hang off one switch. Two GPUs of one machine talk at the
 machine's ``intra_bandwidth_gbps``; GPUs on different machines at the pair's
 ``network.links`` override when there is one, else at ``network.bandwidth_gbps``.
 That one number is the bottleneck of the path (the cost model prices a transfer as
-latency + bytes / bandwidth, DESIGN.md §3). A device's bandwidth to itself is ``inf`` and its
+latency + bytes / bandwidth, docs/design.md §3). A device's bandwidth to itself is ``inf`` and its
 latency ``0``: a tensor that stays on its GPU costs no transfer.
 
 Shapes: ``M`` machines, ``D`` devices, ``T`` GPU types, ``G`` device groups.

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import InvalidInput
+from ..validation import describe_validation_error
 from .cluster import Cluster
 from .named import named_cluster_spec
 from .schema import ClusterSpec
@@ -52,7 +53,14 @@ def parse_cluster_spec(data: Mapping[str, Any] | ClusterSpec) -> ClusterSpec:
     try:
         return ClusterSpec.model_validate(dict(data))
     except ValidationError as exc:
-        raise InvalidInput(_describe_errors(exc, data)) from None
+        raise InvalidInput(
+            describe_validation_error(
+                exc,
+                "cluster spec",
+                location=lambda loc: _render_loc(loc, data),
+                unknown_field="unknown field (field names carry their unit, e.g. bandwidth_gbps)",
+            )
+        ) from None
 
 
 def loads_cluster_spec(text: str, *, fmt: Literal["json", "yaml"] | None = None) -> ClusterSpec:
@@ -115,24 +123,6 @@ def dumps_cluster_spec(
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
-
-
-def _describe_errors(exc: ValidationError, data: Mapping[str, Any]) -> str:
-    problems = []
-    for error in exc.errors(include_url=False):
-        where = _render_loc(error["loc"], data)
-        kind = error["type"]
-        message = error["msg"]
-        if kind == "value_error":
-            message = message.removeprefix("Value error, ")
-        elif kind == "extra_forbidden":
-            message = "unknown field (field names carry their unit, e.g. bandwidth_gbps)"
-        elif kind == "missing":
-            message = "required field is missing"
-        elif not isinstance(error.get("input"), Mapping | list):
-            message = f"{message} (got {error.get('input')!r})"
-        problems.append(f"{where}: {message}" if where else message)
-    return "invalid cluster spec: " + "; ".join(problems)
 
 
 def _render_loc(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""Named clusters: TAG's testbed and cloud (§5.2) and its random topology generator.
+"""Named clusters: TAG's testbed and cloud (§5.2), its random topology generator, and
+allocations of the size a cloud scheduler hands out (``scale:N``).
 
 Interconnect figures used below:
 
@@ -14,7 +15,13 @@ a machine of one type drawn from :data:`RANDOM_GPU_TYPES`, intra-machine bandwid
 bandwidth in [20, 50] Gbps ("to reflect different machine locations"). TAG does not
 say how the inter-machine figure varies; here each machine draws an uplink rate to the
 switch and a pair of machines talks at the slower of their two uplinks, which is the
-bottleneck of the path through one switch.
+bottleneck of the path through one switch. ``random:SEED:M`` draws the same way with
+exactly ``M`` machines, up to :data:`RANDOM_MAX_MACHINES` (larger than TAG's).
+
+``scale:N`` (``N`` a multiple of 8, 16 to 1024) is ``N / 8`` machines of 8 GPUs cycling
+through three kinds, as a large shared pool mixes generations: V100-32GB and A100-40GB
+over NVLink (4800 Gbps for the A100's NVLink 3), T4 over PCIe. Machines talk at 200 Gbps,
+at 100 Gbps where a T4 machine (a PCIe host with one slower NIC) is one end.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "list_named_clusters",
     "named_cluster_spec",
     "random_cluster_spec",
+    "scale_cluster_spec",
     "tag_cloud_spec",
     "tag_testbed_spec",
 ]
@@ -56,14 +64,24 @@ RANDOM_MACHINES = (1, 6)
 RANDOM_GPUS_PER_MACHINE = (1, 8)
 RANDOM_INTRA_GBPS = (64.0, 160.0)
 RANDOM_INTER_GBPS = (20.0, 50.0)
+RANDOM_MAX_MACHINES = 32
+NVLINK3_GBPS: float = 4800.0
+"""Intra-machine bandwidth of an A100 NVLink 3 machine (12 links x 50 GB/s per direction)."""
+SCALE_MACHINE_KINDS: tuple[tuple[str, float], ...] = (
+    ("V100-32GB", NVLINK_GBPS),
+    ("A100-40GB", NVLINK3_GBPS),
+    ("T4", PCIE_GBPS),
+)
+SCALE_INTER_GBPS = (200.0, 100.0)  # between NVLink machines; with a T4 machine at one end
 
 
 @dataclass(frozen=True)
 class NamedCluster:
-    """A built-in cluster name and what it is, for listings."""
+    """A built-in cluster name, what it is, and a name that resolves (for listings)."""
 
     name: str
     description: str
+    example: str
 
 
 def tag_testbed_spec() -> ClusterSpec:
@@ -92,20 +110,44 @@ def tag_cloud_spec() -> ClusterSpec:
     )
 
 
-def random_cluster_spec(seed: int) -> ClusterSpec:
+def random_cluster_spec(seed: int, machines: int | None = None) -> ClusterSpec:
     """A random topology as TAG §5.2 generates them; the same ``seed`` gives the same spec.
+    ``machines`` fixes the number of machines (1 to :data:`RANDOM_MAX_MACHINES`) instead
+    of drawing 1–6.
 
     Bandwidths are rounded to 0.1 Gbps so the spec reads well; they stay in range.
     """
+    if machines is not None and not 1 <= machines <= RANDOM_MAX_MACHINES:
+        raise InvalidInput(
+            f"a random cluster has 1 to {RANDOM_MAX_MACHINES} machines, not {machines}"
+        )
     rng = np.random.default_rng(seed)
-    num_machines = int(rng.integers(RANDOM_MACHINES[0], RANDOM_MACHINES[1] + 1))
+    drawn = int(rng.integers(RANDOM_MACHINES[0], RANDOM_MACHINES[1] + 1))
+    num_machines = drawn if machines is None else machines
+    return ClusterSpec.model_validate(
+        {
+            "machines": _random_machines(rng, num_machines),
+            "network": _pair_network(
+                np.round(rng.uniform(*RANDOM_INTER_GBPS, size=num_machines), 1)
+            ),
+        }
+    )
+
+
+def _random_machines(rng: np.random.Generator, num_machines: int) -> list[dict[str, object]]:
     machines = []
     for m in range(num_machines):
         gpu_type = RANDOM_GPU_TYPES[int(rng.integers(len(RANDOM_GPU_TYPES)))]
         count = int(rng.integers(RANDOM_GPUS_PER_MACHINE[0], RANDOM_GPUS_PER_MACHINE[1] + 1))
         intra = round(float(rng.uniform(*RANDOM_INTRA_GBPS)), 1)
         machines.append(_machine(f"m{m}", gpu_type, count, intra))
-    uplink = np.round(rng.uniform(*RANDOM_INTER_GBPS, size=num_machines), 1)
+    return machines
+
+
+def _pair_network(uplink: np.ndarray) -> dict[str, object]:
+    """Machines ``m0, m1, ...`` whose pairs talk at the slower of their two uplinks; the
+    most common pair rate is the default, the others are listed."""
+    num_machines = len(uplink)
     pairs = {
         (a, b): float(min(uplink[a], uplink[b]))
         for a in range(num_machines)
@@ -122,7 +164,18 @@ def random_cluster_spec(seed: int) -> ClusterSpec:
             for (a, b), rate in pairs.items()
             if rate != default
         ]
-    return ClusterSpec.model_validate({"machines": machines, "network": network})
+    return network
+
+
+def scale_cluster_spec(num_gpus: int) -> ClusterSpec:
+    """``scale:N``: ``N / 8`` machines of 8 GPUs (module docstring)."""
+    if num_gpus % 8 or not 16 <= num_gpus <= 1024:
+        raise InvalidInput(f"scale:N needs N a multiple of 8 from 16 to 1024, not {num_gpus}")
+    kinds = [SCALE_MACHINE_KINDS[m % len(SCALE_MACHINE_KINDS)] for m in range(num_gpus // 8)]
+    machines = [_machine(f"m{m}", kind, 8, intra) for m, (kind, intra) in enumerate(kinds)]
+    fast, slow = SCALE_INTER_GBPS
+    uplink = np.array([slow if kind == "T4" else fast for kind, _ in kinds])
+    return ClusterSpec.model_validate({"machines": machines, "network": _pair_network(uplink)})
 
 
 def list_named_clusters() -> list[NamedCluster]:
@@ -132,31 +185,51 @@ def list_named_clusters() -> list[NamedCluster]:
             "testbed",
             "TAG §5.2 testbed: 1x4 V100-32GB NVLink, 4x2 GTX-1080Ti, "
             "2x2 P100 (PCIe), 100 Gbps switch; 16 GPUs",
+            "testbed",
         ),
-        NamedCluster("cloud", "TAG §5.2 cloud: 2x8 V100-16GB + 4x4 T4, 10 Gbps; 32 GPUs"),
+        NamedCluster("cloud", "TAG §5.2 cloud: 2x8 V100-16GB + 4x4 T4, 10 Gbps; 32 GPUs", "cloud"),
         NamedCluster(
             "random:SEED",
             "TAG §5.2 random topology: 1-6 machines, 1-8 GPUs each "
             "of one type, intra 64-160 Gbps, inter 20-50 Gbps",
+            "random:0",
+        ),
+        NamedCluster(
+            "random:SEED:M",
+            f"the same with exactly M machines (1-{RANDOM_MAX_MACHINES})",
+            "random:0:4",
+        ),
+        NamedCluster(
+            "scale:N",
+            "N/8 machines of 8 GPUs (V100-32GB, A100-40GB NVLink, T4 PCIe in turn), "
+            "200 Gbps, 100 Gbps to T4 machines; N a multiple of 8, 16-1024",
+            "scale:64",
         ),
     ]
 
 
 def named_cluster_spec(name: str) -> ClusterSpec:
-    """The spec of a built-in cluster: ``testbed``, ``cloud`` or ``random:SEED``."""
+    """The spec of a built-in cluster: ``testbed``, ``cloud``, ``random:SEED``,
+    ``random:SEED:M`` or ``scale:N``."""
     key = name.strip()
     if key.lower() == "testbed":
         return tag_testbed_spec()
     if key.lower() == "cloud":
         return tag_cloud_spec()
     if key.lower().startswith("random:"):
-        seed_text = key.split(":", 1)[1].strip()
-        if not (seed_text.isascii() and seed_text.isdigit()):
+        numbers = [part.strip() for part in key.split(":")[1:]]
+        if len(numbers) > 2 or not all(n.isascii() and n.isdigit() for n in numbers):
             raise InvalidInput(
-                f"malformed random cluster {name!r}: expected random:SEED with SEED a "
-                "non-negative integer, e.g. random:7"
+                f"malformed random cluster {name!r}: expected random:SEED or random:SEED:M "
+                "with non-negative integers, e.g. random:7 or random:7:24"
             )
-        return random_cluster_spec(int(seed_text))
+        machines = int(numbers[1]) if len(numbers) == 2 else None
+        return random_cluster_spec(int(numbers[0]), machines)
+    if key.lower().startswith("scale:"):
+        count = key.split(":", 1)[1].strip()
+        if not (count.isascii() and count.isdigit()):
+            raise InvalidInput(f"malformed scale cluster {name!r}: expected scale:N, e.g. scale:64")
+        return scale_cluster_spec(int(count))
     known = ", ".join(c.name for c in list_named_clusters())
     raise InvalidInput(f"unknown named cluster {name!r}; known names: {known}")
 

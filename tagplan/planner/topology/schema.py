@@ -1,4 +1,4 @@
-"""The cluster input schema (DESIGN.md §2): the GPUs a scheduler allocated.
+"""The cluster input schema (docs/design.md §2): the GPUs a scheduler allocated.
 
 Every field names its unit (``_gbps``, ``_us``, ``_tflops``, ``_gib``, ``_gb_per_s``);
 :class:`~tagplan.planner.topology.cluster.Cluster` converts them once to bytes and
@@ -38,6 +38,9 @@ from .catalog import GpuTypeSpec, gpu_type_table, known_type_names, lookup_gpu_t
 __all__ = [
     "DEFAULT_INTRA_LATENCY_US",
     "DEFAULT_NETWORK_LATENCY_US",
+    "MAX_BANDWIDTH_GBPS",
+    "MAX_GPUS_PER_MACHINE",
+    "MAX_LATENCY_US",
     "ClusterSpec",
     "GpuCount",
     "GpuSlot",
@@ -54,8 +57,15 @@ DEFAULT_NETWORK_LATENCY_US: float = 10.0
 
 _MACHINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_GPUS_PER_MACHINE = 4096
+"""Above any machine built (an NVL576 rack domain has 576); GPU indices stay below it."""
+MAX_BANDWIDTH_GBPS = 1e6
+"""1 Pb/s, far above any link; keeps bytes-per-second figures finite in float64."""
+MAX_LATENCY_US = 1e7
+"""10 s."""
+
+Bandwidth = Annotated[float, Field(gt=0, le=MAX_BANDWIDTH_GBPS, allow_inf_nan=False)]
+Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)]
 
 
 class _Spec(BaseModel):
@@ -66,13 +76,13 @@ class GpuCount(_Spec):
     """``count`` GPUs of one ``type``, numbered ``0..count-1``."""
 
     type: str
-    count: Annotated[int, Field(strict=True)]
+    count: Annotated[int, Field(strict=True, le=MAX_GPUS_PER_MACHINE)]
 
 
 class GpuSlot(_Spec):
     """One GPU by its index on the machine (as the driver numbers it)."""
 
-    index: Annotated[int, Field(strict=True, ge=0)]
+    index: Annotated[int, Field(strict=True, ge=0, lt=MAX_GPUS_PER_MACHINE)]
     type: str
 
 
@@ -99,8 +109,8 @@ class MachineSpec(_Spec):
 
     name: str
     gpus: GpusSpec
-    intra_bandwidth_gbps: PositiveFinite
-    intra_latency_us: NonNegativeFinite = DEFAULT_INTRA_LATENCY_US
+    intra_bandwidth_gbps: Bandwidth
+    intra_latency_us: Latency = DEFAULT_INTRA_LATENCY_US
 
     @field_validator("name")
     @classmethod
@@ -142,8 +152,8 @@ class LinkSpec(_Spec):
     """An override of the network figures between two machines."""
 
     between: tuple[str, str]
-    bandwidth_gbps: PositiveFinite
-    latency_us: NonNegativeFinite | None = None
+    bandwidth_gbps: Bandwidth
+    latency_us: Latency | None = None
 
     @model_validator(mode="after")
     def _check_ends(self) -> LinkSpec:
@@ -158,13 +168,13 @@ class LinkSpec(_Spec):
 class NetworkSpec(_Spec):
     """The network between machines: a default for every pair, plus per-pair overrides."""
 
-    bandwidth_gbps: PositiveFinite
-    latency_us: NonNegativeFinite = DEFAULT_NETWORK_LATENCY_US
+    bandwidth_gbps: Bandwidth
+    latency_us: Latency = DEFAULT_NETWORK_LATENCY_US
     links: list[LinkSpec] = Field(default_factory=list)
 
 
 class ClusterSpec(_Spec):
-    """A GPU allocation as a scheduler sends it (DESIGN.md §2).
+    """A GPU allocation as a scheduler sends it (docs/design.md §2).
 
     Validation checks what a model can: unique machine names, links between known
     machines, GPU types known to the catalog (or defined under ``gpu_types``), a

@@ -3,7 +3,7 @@
 The schema names its unit in every field (``bandwidth_gbps``, ``latency_us``,
 ``memory_gib``, ``fp32_tflops``, ``memory_bandwidth_gb_per_s``); the engine works in
 bytes, seconds and FLOP/s. Conversions happen once, when a :class:`Cluster` is built
-(DESIGN.md §2), with the constants below. Network rates are decimal bits
+(docs/design.md §2), with the constants below. Network rates are decimal bits
 (1 Gbps = 1e9 bit/s = 1.25e8 bytes/s); memory sizes are binary (1 GiB = 2**30 bytes);
 memory bandwidth is decimal bytes (1 GB/s = 1e9 bytes/s), as vendor datasheets quote it.
 """

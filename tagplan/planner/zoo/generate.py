@@ -89,6 +89,18 @@ def _bert_large(batch: int) -> TrainGraph:
     return bert.build(bert.BERT_LARGE, batch)
 
 
+def _gnmt_small(batch: int) -> TrainGraph:
+    from .models import recurrent
+
+    return recurrent.build(recurrent.GNMT_SMALL, batch)
+
+
+def _tiny_lstm(batch: int) -> TrainGraph:
+    from .models import recurrent
+
+    return recurrent.build(recurrent.TINY_LSTM, batch)
+
+
 def _mlp(batch: int) -> TrainGraph:
     from .models import tiny
 
@@ -152,9 +164,19 @@ MODELS: dict[str, ModelSpec] = {
         _bert_large,
         {"ops": 26601, "param_size_mib": 2313},
     ),
+    "gnmt_small": ModelSpec(
+        256,
+        "tf1",
+        "GNMT-style seq2seq: 2+2 LSTM layers of 512, Luong attention, 16k vocabulary, "
+        "20+20 steps unrolled",
+        _gnmt_small,
+    ),
     "mlp": ModelSpec(32, "tf1", "Tiny MLP 784-256-128-10 for tests", _mlp),
     "small_cnn": ModelSpec(
         16, "tf1", "Tiny CNN: 2 conv+pool stages and a dense layer, 32x32x3", _small_cnn
+    ),
+    "tiny_lstm": ModelSpec(
+        8, "tf1", "Tiny LSTM seq2seq with attention for tests: 4+3 steps of 16 units", _tiny_lstm
     ),
     "mlp_tf2": ModelSpec(
         32, "tf2", "The tiny MLP as a TF2 concrete function with Keras 3 Adam", _mlp_tf2

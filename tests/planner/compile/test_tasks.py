@@ -161,8 +161,9 @@ def test_uneven_replicas_follow_the_batch_weights(ir, cluster) -> None:
 
 def test_pushes_to_a_parameter_server_contend_for_its_network_link(ir) -> None:
     """Three workers on one machine push to a PS on another: the pushes share the
-    machine's uplink and the PS machine's downlink, so they run one after another and
-    take 3 * (latency + S / B) together (the contention term of the PS closed form)."""
+    machine's uplink and the PS machine's downlink, each at a third of it, so together
+    they take latency + 3 S / B (the contention term of the PS closed form: the bytes add
+    up, one latency is paid as they pipeline)."""
     cluster = load_cluster(
         {
             "machines": [
@@ -182,11 +183,14 @@ def test_pushes_to_a_parameter_server_contend_for_its_network_link(ir) -> None:
         if graph.task_names[i].startswith("send dw:0")
     ]
     assert len(pushes) == 3
-    one = float(CommModel(cluster).p2p_time_s(0, 3, FEATURES * UNITS * 4))
+    nbytes = FEATURES * UNITS * 4
+    latency_s = float(cluster.latency_s[0, 3])
+    bytes_s = float(CommModel(cluster).p2p_time_s(0, 3, nbytes)) - latency_s
     starts, finishes = result.start_s[pushes], result.finish_s[pushes]
-    assert finishes.max() - starts.min() == pytest.approx(3 * one)
-    order = np.argsort(starts)
-    assert (starts[order][1:] >= finishes[order][:-1] - 1e-15).all()  # no two overlap
+    np.testing.assert_array_equal(starts, starts[0])  # they start together
+    np.testing.assert_allclose(finishes - starts, latency_s + 3 * bytes_s, rtol=1e-9)
+    uplink = graph.link_names.index("a/uplink")
+    assert result.link_busy_s[uplink] == pytest.approx(3 * bytes_s)
 
 
 def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cluster) -> None:
@@ -315,3 +319,32 @@ class TestBucketsAcrossGroups:
         for task in collectives.tolist():
             alone = comm.allreduce_time_s([0, 1], int(graph.task_bytes[task]), algorithm="ring")
             assert graph.task_duration_s[task] == pytest.approx(float(alone))
+
+
+def test_a_control_dependency_between_replicated_ops_waits_on_one_barrier(cluster) -> None:
+    """``dv_out`` runs after ``dw`` (a control input): with both on four GPUs, the four
+    instances of ``dv_out`` wait for one zero-time barrier that waits for the four of
+    ``dw`` (8 edges, not 16), and none starts before the last ``dw`` finishes."""
+    document = two_heads_graph()
+    for node in document["nodes"]:
+        if node["name"] == "dv_out":
+            node["inputs"].append("^dw")
+    ir = analyze(graph_def(document))
+    decision = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
+    tasks, _ = compiled(ir, cluster, decision)
+    graph = tasks.task_graph
+    names = list(graph.task_names)
+    barrier = names.index("dv_out/control_barrier")
+    dw = [i for i, n in enumerate(names) if n.startswith("dw/replica_")]
+    dv_out = [i for i, n in enumerate(names) if n.startswith("dv_out/replica_")]
+    assert len(dw) == len(dv_out) == 4
+    successors = graph.succ_index[graph.succ_ptr[barrier] : graph.succ_ptr[barrier + 1]]
+    assert sorted(successors.tolist()) == dv_out
+    for task in dw:
+        assert barrier in graph.succ_index[graph.succ_ptr[task] : graph.succ_ptr[task + 1]]
+        assert not set(dv_out) & set(
+            graph.succ_index[graph.succ_ptr[task] : graph.succ_ptr[task + 1]].tolist()
+        )
+    assert graph.task_duration_s[barrier] == 0.0 and graph.task_device[barrier] == -1
+    schedule = simulate(graph)
+    assert schedule.start_s[dv_out].min() >= schedule.finish_s[dw].max()

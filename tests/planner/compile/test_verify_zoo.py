@@ -1,4 +1,4 @@
-"""Verification by execution on the larger zoo models without batch norm (DESIGN.md §5):
+"""Verification by execution on the larger zoo models without batch norm (docs/design.md §5):
 data parallelism across machines and model parallelism over three GPUs on two machines."""
 
 from __future__ import annotations

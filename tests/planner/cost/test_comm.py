@@ -1,4 +1,4 @@
-"""Communication closed forms, segmented-linear fits, comm profiles (DESIGN.md §3, TAG §4.1.2).
+"""Communication closed forms, segmented-linear fits, comm profiles (docs/design.md §3, TAG §4.1.2).
 
 Clusters use round figures: 800 Gbps = 1e11 bytes/s inside a machine (2 us), 80 Gbps =
 1e10 bytes/s between machines (10 us); gradients of S = 1e8 bytes.
@@ -26,7 +26,7 @@ from tagplan.planner.cost.comm import (
     ps_time_s,
     ring_allreduce_time_s,
 )
-from tagplan.planner.cost.comm_profiler import (
+from tagplan.planner.cost.comm_profile import (
     COMM_PROFILE_FORMAT,
     CommProfile,
     Measurement,
@@ -35,10 +35,10 @@ from tagplan.planner.cost.comm_profiler import (
     load_comm_profile,
     loads_comm_profile,
     parse_comm_profile,
-    profile_comm,
     profile_from_measurements,
     save_comm_profile,
 )
+from tagplan.planner.cost.comm_profiler import profile_comm
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.topology import Cluster, load_cluster
 

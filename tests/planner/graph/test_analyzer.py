@@ -89,3 +89,16 @@ def test_unknown_op_types_are_analyzed_as_none_and_reported() -> None:
     assert ir.unknown_op_types == ("FancyOnesLike",)
     assert ir.split_category[ir.op_names.index("dy")] == 2
     assert ir.summary()["unknown_op_types"] == ["FancyOnesLike"]
+
+
+def test_the_one_scalar_of_the_batch_nobody_reads_is_the_loss() -> None:
+    """A TF2 training function returns its loss through an ``Identity`` of another name:
+    the one floating-point scalar computed from the batch that nothing reads."""
+    doc = dense_graph(batch=4)
+    for entry in doc["nodes"]:
+        if entry["name"] == "loss":
+            entry["name"] = "Identity_3"
+    ir = analyze(graph_def(doc))
+    assert ir.op_names[ir.loss_op] == "Identity_3"
+    named = analyze(graph_def(doc), loss="y")
+    assert named.op_names[named.loss_op] == "y"

@@ -247,3 +247,43 @@ def test_batch_sized_tensors_built_from_constants_are_marked() -> None:
     assert p.axis("prod") == 0
     assert p.axis("scaled") == 0 and p.category("scaled") == CONCAT
     assert p.axis("tiled") == 0 and p.category("tiled") == NONE  # made from non-batch inputs
+
+
+def test_a_zero_initial_state_concatenated_with_the_batch_carries_it() -> None:
+    """A static RNN's first step concatenates its input with ``zeros([batch, units])``:
+    the constant is split with the batch like the data beside it."""
+    p = Probe(
+        [
+            placeholder("x", [B, 4]),
+            op("h0", "Const", [], [B, 2]),
+            const("axis", [1]),
+            op("xh", "ConcatV2", ["x", "h0", "axis"], [B, 6], N=2, Tidx={"type": "int32"}),
+        ]
+    )
+    assert (p.axis("xh"), p.axis("h0")) == (0, 0)
+
+
+def test_linear_ops_over_partial_sums_are_split_sum() -> None:
+    """Per-step weight gradients of an unrolled RNN, each summed over the batch, are added
+    up (``AddN``) and reshaped: linear in the partials, so split-sum. Adding a value every
+    replica has in full would count it once per replica: not split."""
+    p = Probe(
+        [
+            placeholder("x", [B, 4]),
+            placeholder("dy", [B, 3]),
+            placeholder("w", [4, 3]),
+            op("dw_0", "MatMul", ["x", "dy"], [4, 3], transpose_a=True),
+            op("dw_1", "MatMul", ["x", "dy"], [4, 3], transpose_a=True),
+            op("dw", "AddN", ["dw_0", "dw_1"], [4, 3], N=2),
+            const("flat", [12]),
+            op("dw_flat", "Reshape", ["dw", "flat"], [12], Tshape={"type": "int32"}),
+            op("dw_plus_w", "AddV2", ["dw", "w"], [4, 3]),
+        ],
+        inputs=("x", "dy"),
+    )
+    for name in ("dw", "dw_flat"):
+        assert (p.axis(name), p.category(name), p.aggregation(name)) == (-1, SUM, Aggregation.SUM)
+    assert (p.category("dw_plus_w"), p.aggregation("dw_plus_w")) == (
+        NONE,
+        Aggregation.REPLICATED,
+    )

@@ -1,4 +1,4 @@
-"""Parameters, gradients, apply ops and slots in both graph styles (DESIGN.md §2)."""
+"""Parameters, gradients, apply ops and slots in both graph styles (docs/design.md §2)."""
 
 from __future__ import annotations
 

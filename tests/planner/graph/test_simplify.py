@@ -47,3 +47,21 @@ def test_bypassed_identity_passes_on_its_tensor_and_control_edges() -> None:
 def test_no_identity_or_noop_survives_in_zoo_style_graphs() -> None:
     ir = analyze(graph_def(graph_with_clutter()))
     assert "Identity" not in ir.op_types and "NoOp" not in ir.op_types
+
+
+def test_a_value_nobody_reads_is_pruned_once_the_loss_is_known() -> None:
+    """``unused`` (a gradient TensorFlow computes and nothing reads) depends on the batch
+    and is a sink; fetching the loss and the train op never runs it. Without a loss (here:
+    two scalars nobody reads, neither named ``loss``), no sink can be told from the loss,
+    so every one stays."""
+    doc = dense_graph(batch=4)
+    doc["nodes"].append(op("unused", "Neg", ["dy"], [4, 3]))
+    step = analyze(graph_def(doc), loss="loss")
+    assert "unused" in step.dropped["dangling"] and "unused" not in step.op_names
+    assert "loss" in step.op_names and "update_w" in step.op_names
+    for entry in doc["nodes"]:
+        if entry["name"] == "loss":
+            entry["name"] = "total"
+    doc["nodes"].append(op("other_total", "Sum", ["y", "axes"], [], Tidx={"type": "int32"}))
+    ambiguous = analyze(graph_def(doc))
+    assert ambiguous.loss_op == -1 and "unused" in ambiguous.op_names

@@ -1,4 +1,4 @@
-"""Baechi's m-TOPO, m-ETF and m-SCT (papers/baechi.md §2) as model-parallel baselines."""
+"""Baechi's m-TOPO, m-ETF and m-SCT (Baechi §2) as model-parallel baselines."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tagplan.planner.errors import Cancelled
+from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
@@ -149,8 +149,10 @@ def test_cancellation_and_progress() -> None:
     with pytest.raises(Cancelled):
         search.run(iterations=100, progress=calls.append, cancel=lambda: len(calls) >= 3)
     assert [p.iterations for p in calls] == [1, 2, 3]
-    with pytest.raises(ValueError, match="budget"):
+    with pytest.raises(InvalidInput, match="budget"):
         search.run()
+    with pytest.raises(BudgetExhausted, match="no search iteration"):
+        search.run(budget_s=0.0)
 
 
 def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:

@@ -20,6 +20,8 @@ class Task:
     group: int = -1
     nbytes: int = 0
     name: str = ""
+    latency_s: float = 0.0
+    shares: tuple[float, ...] = ()  # per link; empty: 1 on every link
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ def transfer(
     group: int = -1,
     nbytes: int = 0,
     name: str = "",
+    latency_s: float = 0.0,
+    shares: Sequence[float] = (),
 ) -> Task:
     return Task(
         TRANSFER,
@@ -53,6 +57,8 @@ def transfer(
         group=group,
         nbytes=nbytes,
         name=name,
+        latency_s=latency_s,
+        shares=tuple(shares),
     )
 
 
@@ -63,9 +69,18 @@ def collective(
     priority: float = 0.0,
     group: int = -1,
     nbytes: int = 0,
+    latency_s: float = 0.0,
+    shares: Sequence[float] = (),
 ) -> Task:
     return Task(
-        COLLECTIVE, duration_s, links=tuple(links), priority=priority, group=group, nbytes=nbytes
+        COLLECTIVE,
+        duration_s,
+        links=tuple(links),
+        priority=priority,
+        group=group,
+        nbytes=nbytes,
+        latency_s=latency_s,
+        shares=tuple(shares),
     )
 
 
@@ -90,6 +105,7 @@ def build(
     for a, b in edges:
         succ[a].append(b)
     link_ptr, link_index = _csr([t.links for t in tasks])
+    shares = [s for t in tasks for s in (t.shares or (1.0,) * len(t.links))]
     succ_ptr, succ_index = _csr(succ)
     consumer_ptr, consumer_task = _csr([b.consumers for b in buffers])
     names = tuple(t.name for t in tasks)
@@ -102,8 +118,10 @@ def build(
         task_priority=np.array([t.priority for t in tasks], dtype=np.float64),
         task_group=np.array([t.group for t in tasks], dtype=np.int32),
         task_bytes=np.array([t.nbytes for t in tasks], dtype=np.int64),
+        task_latency_s=np.array([t.latency_s for t in tasks], dtype=np.float64),
         link_ptr=link_ptr,
         link_index=link_index,
+        link_share=np.array(shares, dtype=np.float64),
         succ_ptr=succ_ptr,
         succ_index=succ_index,
         buffer_device=np.array([b.device for b in buffers], dtype=np.int32),

@@ -1,11 +1,14 @@
-"""Scheduling rules of the simulator (TAG §4.3.2 FIFO, HeteroG §4.2 priority) on tiny graphs."""
+"""Scheduling rules of the simulator (TAG §4.3.2 FIFO, HeteroG §4.2 priority) on tiny graphs.
+
+Tests of link contention name the exclusive link model, where a transfer holds its links;
+the shared model has its own tests (test_shared_links.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tagplan.planner.sim.simulate import simulate
+from tagplan.planner.sim.simulate import LINK_MODELS, LinkModel, simulate
 from tests.planner.sim.builders import Task, build, chain, collective, compute, transfer
 
 
@@ -42,7 +45,7 @@ class TestFifo:
 
     def test_transfers_sharing_a_link_serialize(self) -> None:
         tg = build([transfer([0], 2.0), transfer([0], 3.0)], num_devices=0, num_links=1)
-        result = simulate(tg)
+        result = simulate(tg, link_model="exclusive")
         np.testing.assert_array_equal(result.start_s, [0.0, 2.0])
         assert result.step_time_s == 5.0
         np.testing.assert_array_equal(result.link_busy_s, [5.0])
@@ -62,7 +65,7 @@ class TestFifo:
 
     def test_collective_blocks_a_transfer_on_one_of_its_links(self) -> None:
         tasks = [collective([0, 1, 2], 4.0), transfer([1], 1.0), transfer([3], 1.0)]
-        result = simulate(build(tasks, num_devices=0, num_links=4))
+        result = simulate(build(tasks, num_devices=0, num_links=4), link_model="exclusive")
         np.testing.assert_array_equal(result.start_s, [0.0, 4.0, 0.0])
         np.testing.assert_array_equal(result.link_busy_s, [4.0, 5.0, 4.0, 1.0])
 
@@ -76,7 +79,8 @@ class TestFifo:
             compute(1, 2.0),
             transfer([1], 1.0),
         ]
-        result = simulate(build(tasks, [(1, 2), (3, 4)], num_devices=2, num_links=2))
+        tg = build(tasks, [(1, 2), (3, 4)], num_devices=2, num_links=2)
+        result = simulate(tg, link_model="exclusive")
         assert (result.start_s[2], result.finish_s[2]) == (3.0, 5.0)
         assert result.start_s[4] == 5.0
 
@@ -125,9 +129,9 @@ class TestPriority:
             collective([0, 1], 1.0, priority=2.0),
         ]
         tg = build(tasks, [(1, 2), (3, 4)], num_links=2)
-        fifo = simulate(tg)
+        fifo = simulate(tg, link_model="exclusive")
         assert (fifo.start_s[2], fifo.start_s[4]) == (4.0, 5.0)
-        ranked = simulate(tg, use_priority=True)
+        ranked = simulate(tg, use_priority=True, link_model="exclusive")
         assert (ranked.start_s[4], ranked.start_s[2]) == (4.0, 5.0)
 
     def test_higher_priority_does_not_preempt(self) -> None:
@@ -135,7 +139,8 @@ class TestPriority:
         result = simulate(build(tasks, [(1, 2)], num_devices=2), use_priority=True)
         np.testing.assert_array_equal(result.start_s, [0.0, 0.0, 3.0])
 
-    def test_equal_priorities_reproduce_fifo(self) -> None:
+    @pytest.mark.parametrize("link_model", LINK_MODELS)
+    def test_equal_priorities_reproduce_fifo(self, link_model: LinkModel) -> None:
         rng = np.random.default_rng(7)
         for _ in range(20):
             n = 60
@@ -148,7 +153,8 @@ class TestPriority:
                     tasks.append(transfer(links.tolist(), float(rng.integers(1, 5))))
             edges = [(a, b) for a in range(n) for b in range(a + 1, n) if rng.random() < 0.05]
             tg = build(tasks, edges, num_devices=3, num_links=4)
-            fifo, ranked = simulate(tg), simulate(tg, use_priority=True)
+            fifo = simulate(tg, link_model=link_model)
+            ranked = simulate(tg, use_priority=True, link_model=link_model)
             np.testing.assert_array_equal(fifo.start_s, ranked.start_s)
             np.testing.assert_array_equal(fifo.link_busy_s, ranked.link_busy_s)
 
@@ -172,9 +178,11 @@ def test_schedules_respect_dependencies_and_resources() -> None:
         )
 
 
+@pytest.mark.parametrize("link_model", LINK_MODELS)
 @pytest.mark.parametrize("use_priority", [False, True])
-def test_zero_duration_tasks(use_priority: bool) -> None:
+def test_zero_duration_tasks(use_priority: bool, link_model: LinkModel) -> None:
     tasks = [compute(0, 0.0), compute(0, 0.0), compute(0, 2.0)]
-    result = simulate(build(tasks, [(0, 1), (1, 2)]), use_priority=use_priority)
+    tg = build(tasks, [(0, 1), (1, 2)])
+    result = simulate(tg, use_priority=use_priority, link_model=link_model)
     np.testing.assert_array_equal(result.start_s, [0.0, 0.0, 0.0])
     assert result.step_time_s == 2.0

@@ -62,7 +62,7 @@ class TestGroupFeedback:
             transfer([2], 1.0),
         ]
         tg = build(tasks, [(0, 3), (1, 5), (2, 6)], num_devices=2, num_links=3)
-        result = simulate(tg)
+        result = simulate(tg, link_model="exclusive")  # transfer 3 waits for link 0
         np.testing.assert_array_equal(result.start_s, [0, 2, 0, 3, 0, 3, 1])
         # Groups 0 and 2 are present; 1 has no tasks.
         np.testing.assert_array_equal(result.group_makespan_s, [3.0, 0.0, 1.0])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tagplan.planner.errors import InvalidInput
-from tests.planner.sim.builders import build, chain, compute
+from tagplan.planner.sim.taskgraph import COMPUTE
+from tests.planner.sim.builders import Task, build, chain, compute, transfer
 
 
 def test_valid_graph_passes() -> None:
@@ -22,3 +23,22 @@ def test_cycle_raises() -> None:
 def test_compute_task_without_device_raises() -> None:
     with pytest.raises(InvalidInput, match="device"):
         build([compute(3, 1.0)], num_devices=2).validate()
+
+
+@pytest.mark.parametrize(
+    ("task", "match"),
+    [
+        (transfer([0], 1.0, shares=[1.5]), "shares"),
+        (transfer([0], 1.0, shares=[0.0]), "shares"),
+        (transfer([0], 1.0, latency_s=2.0), "latencies"),
+    ],
+)
+def test_bad_link_shares_and_latencies_raise(task: Task, match: str) -> None:
+    with pytest.raises(InvalidInput, match=match):
+        build([task], num_links=1).validate()
+
+
+def test_compute_task_with_links_raises() -> None:
+    task = Task(COMPUTE, 1.0, device=0, links=(0,))
+    with pytest.raises(InvalidInput, match="compute task lists links"):
+        build([task], num_links=1).validate()

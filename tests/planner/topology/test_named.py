@@ -96,12 +96,52 @@ class TestRandom:
         assert named_cluster_spec("random:5") == random_cluster_spec(5)
         assert load_cluster(" random: 5 ").device_names == load_cluster("random:5").device_names
 
+    @pytest.mark.parametrize("machines", [1, 7, 32])
+    def test_a_fixed_number_of_machines_draws_the_rest_alike(self, machines: int) -> None:
+        """``random:SEED:M``: exactly M machines, each within TAG's ranges, the first
+        ones as ``random:SEED`` draws them when it draws at least as many."""
+        spec = named_cluster_spec(f"random:9:{machines}")
+        assert spec == random_cluster_spec(9, machines)
+        assert len(spec.machines) == machines
+        cluster = Cluster.from_spec(spec)
+        assert 1 <= cluster.num_devices / machines <= 8
+        drawn = random_cluster_spec(9)
+        shared = min(machines, len(drawn.machines))
+        assert spec.machines[:shared] == drawn.machines[:shared]
+
+    @pytest.mark.parametrize("machines", [0, 33])
+    def test_machines_out_of_range(self, machines: int) -> None:
+        with pytest.raises(InvalidInput, match="1 to 32 machines"):
+            named_cluster_spec(f"random:1:{machines}")
+
+
+class TestScale:
+    @pytest.mark.parametrize("gpus", [16, 64, 256])
+    def test_machines_of_eight_of_three_kinds(self, gpus: int) -> None:
+        cluster = load_cluster(f"scale:{gpus}")
+        assert cluster.num_devices == gpus and cluster.num_machines == gpus // 8
+        assert cluster.num_groups == gpus // 8  # one GPU type per machine
+        kinds = [str(cluster.type_names[cluster.device_type[d]]) for d in range(0, gpus, 8)]
+        assert kinds[:3] == ["V100-32GB", "A100-40GB", "T4"][: len(kinds)]
+        bw = cluster.machine_bandwidth_bytes_per_s / 1e9 * 8  # Gbps
+        t4 = np.array([k == "T4" for k in kinds])
+        off = ~np.eye(len(kinds), dtype=bool)
+        expected = np.where(t4[:, None] | t4[None, :], 100.0, 200.0)
+        np.testing.assert_allclose(bw[off], expected[off])
+
+    @pytest.mark.parametrize("name", ["scale:12", "scale:8", "scale:2048", "scale:x"])
+    def test_bad_sizes(self, name: str) -> None:
+        with pytest.raises(InvalidInput, match="scale:N"):
+            named_cluster_spec(name)
+
 
 class TestNames:
     def test_listing(self) -> None:
         listed = list_named_clusters()
-        assert [c.name for c in listed] == ["testbed", "cloud", "random:SEED"]
+        names = ["testbed", "cloud", "random:SEED", "random:SEED:M", "scale:N"]
+        assert [c.name for c in listed] == names
         assert all(c.description for c in listed)
+        assert all(named_cluster_spec(c.example).machines for c in listed)
 
     def test_case_insensitive(self) -> None:
         assert named_cluster_spec("TestBed") == named_cluster_spec("testbed")

@@ -1,4 +1,4 @@
-"""Cluster spec validation (DESIGN.md §2): happy paths and every refusal, by message."""
+"""Cluster spec validation (docs/design.md §2): happy paths and every refusal, by message."""
 
 from __future__ import annotations
 

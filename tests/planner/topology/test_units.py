@@ -1,4 +1,4 @@
-"""Unit conversions at the schema boundary (DESIGN.md §2: bytes and seconds inside)."""
+"""Unit conversions at the schema boundary (docs/design.md §2: bytes and seconds inside)."""
 
 from __future__ import annotations
 

@@ -119,8 +119,12 @@ def build_tf1(
     *,
     config: dict[str, Any] | None = None,
     seed: int = 0,
+    optimizer: Callable[[], tf.compat.v1.train.Optimizer] | None = None,
 ) -> TrainGraph:
-    """Build ``forward_fn`` in a fresh graph and add backward, Adam and ``init``.
+    """Build ``forward_fn`` in a fresh graph and add backward, the optimizer and ``init``.
+
+    ``optimizer`` makes the TF1 optimizer to use instead of Adam (a benchmark that
+    reproduces a published configuration trains with plain SGD, for instance).
 
     Variables are resource variables; every node with outputs carries
     ``_output_shapes``, all static except FusedBatchNormV3's scratch output.
@@ -133,15 +137,15 @@ def build_tf1(
         tf.compat.v1.set_random_seed(seed)
         fwd = forward_fn()
         loss = tf.identity(fwd.loss, name=LOSS_NODE)
-        optimizer = tf.compat.v1.train.AdamOptimizer(LEARNING_RATE)
+        opt = optimizer() if optimizer else tf.compat.v1.train.AdamOptimizer(LEARNING_RATE)
         grads_and_vars = [
-            (_dense_gradient(g), v) for g, v in optimizer.compute_gradients(loss) if g is not None
+            (_dense_gradient(g), v) for g, v in opt.compute_gradients(loss) if g is not None
         ]
         if fwd.updates:
-            apply_op = optimizer.apply_gradients(grads_and_vars)
+            apply_op = opt.apply_gradients(grads_and_vars)
             train_op = tf.group(apply_op, *fwd.updates, name=TRAIN_NODE)
         else:
-            train_op = optimizer.apply_gradients(grads_and_vars, name=TRAIN_NODE)
+            train_op = opt.apply_gradients(grads_and_vars, name=TRAIN_NODE)
         init = tf.compat.v1.global_variables_initializer()
         trainable = tf.compat.v1.trainable_variables()
         names = {loss.op.name, train_op.name, init.name}

@@ -11,8 +11,8 @@ from tagplan.planner.topology import Cluster, builtin_catalog, describe, list_na
 from tagplan.planner.topology import named_cluster_spec as named_spec
 from tagplan.service.deps import ReadKey, SessionDep, SettingsDep, SubmitKey
 from tagplan.service.intake import cluster_from_input, store_cluster
-from tagplan.service.problems import Problem
 from tagplan.service.schemas import ClusterPublic, NamedClusterPublic
+from tagplan.service.tenancy import find_held
 
 router = APIRouter(prefix="/v1", tags=["catalog"])
 
@@ -25,11 +25,10 @@ def gpu_types(_: ReadKey) -> list[dict[str, Any]]:
 
 @router.get("/clusters/named", response_model=list[NamedClusterPublic])
 def named_clusters(_: ReadKey) -> list[NamedClusterPublic]:
-    """Built-in clusters (``random:SEED`` shown for seed 0)."""
+    """Built-in clusters, each summarized by its example (``random:SEED`` by seed 0)."""
     out = []
     for entry in list_named_clusters():
-        example = entry.name.replace("SEED", "0")
-        summary = describe(Cluster.from_spec(named_spec(example)))
+        summary = describe(Cluster.from_spec(named_spec(entry.example)))
         out.append(
             NamedClusterPublic(name=entry.name, description=entry.description, summary=summary)
         )
@@ -40,18 +39,17 @@ def named_clusters(_: ReadKey) -> list[NamedClusterPublic]:
 def create_cluster(
     session: SessionDep,
     settings: SettingsDep,
-    _: SubmitKey,
+    caller: SubmitKey,
     spec: Annotated[dict[str, Any], Body(description="a cluster spec: machines, network")],
 ) -> ClusterPublic:
-    """Store a cluster spec; its id can stand for the cluster in jobs and strategy queries."""
-    row = store_cluster(session, cluster_from_input(settings, spec))
+    """Store a cluster spec; its id can stand for the cluster in the tenant's jobs and
+    strategy queries."""
+    row = store_cluster(session, cluster_from_input(settings, spec), tenant=caller.tenant)
     return ClusterPublic.model_validate(row, from_attributes=True)
 
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterPublic)
-def get_cluster(cluster_id: str, session: SessionDep, _: ReadKey) -> ClusterPublic:
-    """A stored cluster with its canonical fingerprint."""
-    row = session.get(ClusterRow, cluster_id)
-    if row is None:
-        raise Problem(404, f"cluster {cluster_id} does not exist")
+def get_cluster(cluster_id: str, session: SessionDep, caller: ReadKey) -> ClusterPublic:
+    """A stored cluster with its canonical fingerprint (404 unless the tenant holds it)."""
+    row, _ = find_held(session, caller, ClusterRow, "cluster", cluster_id)
     return ClusterPublic.model_validate(row, from_attributes=True)

@@ -5,24 +5,30 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from tagplan.db.models import GraphRow
+from tagplan.db.models import GraphRow, Holding
 from tagplan.db.session import session_scope
 from tagplan.service.deps import ReadKey, SessionDep, SubmitKey
 from tagplan.service.intake import store_graph
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import GraphPublic
+from tagplan.service.tenancy import find_held
 from tagplan.service.uploads import BINARY_BODY, upload_body
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
 
-def _public(row: GraphRow) -> GraphPublic:
-    return GraphPublic.model_validate(row, from_attributes=True)
+def _public(row: GraphRow, mine: Holding | None) -> GraphPublic:
+    """The graph as its tenant knows it: its own label and upload time."""
+    public = GraphPublic.model_validate(row, from_attributes=True)
+    if mine is None:
+        return public
+    return public.model_copy(update={"label": mine.label, "created_at": mine.created_at})
 
 
 @router.post("", status_code=201, response_model=GraphPublic, openapi_extra=BINARY_BODY)
-async def upload_graph(request: Request, _: SubmitKey) -> GraphPublic:
-    """Store a graph (validated: parses, acyclic, within limits) and return its id."""
+async def upload_graph(request: Request, caller: SubmitKey) -> GraphPublic:
+    """Store a graph (validated: parses, acyclic, within limits) and return its id; the
+    caller's tenant holds it (one stored copy however many tenants upload it)."""
     data, label = await upload_body(request)
     if not data:
         raise Problem(422, "the request body is empty; send the graph")
@@ -30,15 +36,13 @@ async def upload_graph(request: Request, _: SubmitKey) -> GraphPublic:
 
     def store() -> GraphPublic:
         with session_scope(settings.sqlalchemy_url) as session:
-            return _public(store_graph(session, settings, data, label=label))
+            row, mine = store_graph(session, settings, data, tenant=caller.tenant, label=label)
+            return _public(row, mine)
 
     return await run_in_threadpool(store)
 
 
 @router.get("/{graph_id}", response_model=GraphPublic)
-def get_graph(graph_id: str, session: SessionDep, _: ReadKey) -> GraphPublic:
-    """A stored graph's id, fingerprint and size."""
-    row = session.get(GraphRow, graph_id)
-    if row is None:
-        raise Problem(404, f"graph {graph_id} does not exist")
-    return _public(row)
+def get_graph(graph_id: str, session: SessionDep, caller: ReadKey) -> GraphPublic:
+    """A stored graph's id, fingerprint and size (404 unless the caller's tenant holds it)."""
+    return _public(*find_held(session, caller, GraphRow, "graph", graph_id))

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from tagplan.db.session import engine_for
-from tagplan.service.deps import ReadKey
+from tagplan.service.deps import OperateKey
 
 router = APIRouter(tags=["health"])
 
@@ -53,8 +53,9 @@ def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=Response)
-def metrics(request: Request, _: ReadKey) -> Response:
-    """Prometheus exposition: jobs by status, queue depth, plan latency, cache hits."""
+def metrics(request: Request, _: OperateKey) -> Response:
+    """Prometheus exposition: jobs by status, queue depth, plan latency, cache hits (of
+    every tenant: operators only)."""
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

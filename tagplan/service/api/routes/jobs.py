@@ -10,10 +10,19 @@ from sqlalchemy import func, select
 from tagplan.db import jobs as job_state
 from tagplan.db.blobs import get_blob
 from tagplan.db.models import Job, JobStatus, Result
+from tagplan.service.auth import Principal
 from tagplan.service.deps import ReadKey, SessionDep, SettingsDep, SubmitKey
 from tagplan.service.jobs import find_job, job_public, submit
 from tagplan.service.problems import Problem
-from tagplan.service.schemas import JobCreate, JobPublic, JobsPublic, ResultPublic, Status
+from tagplan.service.schemas import (
+    INT32_MAX,
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    ResultPublic,
+    Status,
+)
+from tagplan.service.tenancy import job_filter
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -32,7 +41,7 @@ def create_job(
     caller: SubmitKey,
 ) -> JobPublic:
     """Plan a graph on a cluster: 202 with the job and its status URL."""
-    job, existing = submit(session, settings, request.app.state.celery, body, key_id=caller.key_id)
+    job, existing = submit(session, settings, request.app.state.celery, body, caller=caller)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if existing:
         response.status_code = 200
@@ -43,13 +52,14 @@ def create_job(
 @router.get("", response_model=JobsPublic)
 def list_jobs(
     session: SessionDep,
-    _: ReadKey,
+    caller: ReadKey,
     status: Status | None = None,
     limit: int = Query(default=50, ge=1, le=500),
-    offset: int = Query(default=0, ge=0),
+    offset: int = Query(default=0, ge=0, le=INT32_MAX),
 ) -> JobsPublic:
-    """Jobs, newest first, optionally with one status."""
-    where = [Job.status == status] if status else []
+    """The tenant's jobs (every tenant's for operators), newest first, optionally with one
+    status."""
+    where = job_filter(caller) + ([Job.status == status] if status else [])
     count = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
     rows = session.scalars(
         select(Job).where(*where).order_by(Job.created_at.desc()).limit(limit).offset(offset)
@@ -58,23 +68,23 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, session: SessionDep, _: ReadKey) -> JobPublic:
+def get_job(job_id: str, session: SessionDep, caller: ReadKey) -> JobPublic:
     """Status, phase, progress (iterations, best speedup so far), timestamps, error."""
-    return job_public(find_job(session, job_id))
+    return job_public(find_job(session, caller, job_id))
 
 
 @router.delete("/{job_id}", response_model=JobPublic)
-def cancel_job(job_id: str, session: SessionDep, _: SubmitKey) -> JobPublic:
+def cancel_job(job_id: str, session: SessionDep, caller: SubmitKey) -> JobPublic:
     """Cancel a queued or running job (its worker stops at the next progress check)."""
-    job = find_job(session, job_id)
+    job = find_job(session, caller, job_id)
     if not job_state.cancel_job(session, job_id=job_id):
         raise Problem(409, f"job {job_id} already {job.status}; nothing to cancel")
     session.refresh(job)
     return job_public(job)
 
 
-def _result(session: SessionDep, job_id: str) -> Result:
-    job = find_job(session, job_id)
+def _result(session: SessionDep, caller: Principal, job_id: str) -> Result:
+    job = find_job(session, caller, job_id)
     result = session.get(Result, job_id)
     if result is None:
         detail = f"job {job_id} is {job.status}" + (f": {job.error}" if job.error else "")
@@ -84,16 +94,21 @@ def _result(session: SessionDep, job_id: str) -> Result:
 
 
 @router.get("/{job_id}/result", response_model=ResultPublic)
-def get_result(job_id: str, session: SessionDep, _: ReadKey) -> ResultPublic:
-    """Strategy, predicted step time, every baseline, lower bound, memory per GPU, and
-    which numbers were estimated."""
-    result = _result(session, job_id)
+def get_result(job_id: str, session: SessionDep, caller: ReadKey) -> ResultPublic:
+    """Strategy, predicted step time, every baseline, lower bound, memory per GPU, which
+    numbers were estimated, and where the time went: ``plan_time_s`` from the job's start
+    to its result across every worker, per-phase ``phases``, ``queued_s`` before it
+    started."""
+    result = _result(session, caller, job_id)
+    job = session.get(Job, job_id)
+    queued = job.started_at - job.created_at if job and job.started_at else None
     return ResultPublic(
         **result.summary,
         job_id=job_id,
         graph_fingerprint=result.graph_fingerprint,
         cluster_fingerprint=result.cluster_fingerprint,
         batch_size=result.batch_size,
+        queued_s=queued.total_seconds() if queued is not None else None,
     )
 
 
@@ -102,9 +117,9 @@ def get_result(job_id: str, session: SessionDep, _: ReadKey) -> ResultPublic:
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-def get_graphdef(job_id: str, session: SessionDep, _: ReadKey) -> Response:
+def get_graphdef(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     """The placed distributed GraphDef (binary protobuf)."""
-    result = _result(session, job_id)
+    result = _result(session, caller, job_id)
     if result.graphdef_digest is None:
         raise Problem(404, f"job {job_id} has no compiled GraphDef")
     return Response(
@@ -115,18 +130,18 @@ def get_graphdef(job_id: str, session: SessionDep, _: ReadKey) -> Response:
 
 
 @router.get("/{job_id}/device-map")
-def get_device_map(job_id: str, session: SessionDep, _: ReadKey) -> dict[str, Any]:
+def get_device_map(job_id: str, session: SessionDep, caller: ReadKey) -> dict[str, Any]:
     """TensorFlow task index -> machine name and GPU ids of the compiled GraphDef."""
-    result = _result(session, job_id)
+    result = _result(session, caller, job_id)
     if result.device_map is None:
         raise Problem(404, f"job {job_id} has no compiled GraphDef")
     return result.device_map
 
 
 @router.get("/{job_id}/trace", response_class=Response)
-def get_trace(job_id: str, session: SessionDep, _: ReadKey) -> Response:
+def get_trace(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     """The predicted step as a Chrome trace (JSON; opens in Perfetto)."""
-    result = _result(session, job_id)
+    result = _result(session, caller, job_id)
     if result.trace_digest is None:
         raise Problem(404, f"job {job_id} has no trace")
     return Response(get_blob(session, result.trace_digest), media_type="application/json")

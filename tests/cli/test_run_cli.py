@@ -1,0 +1,102 @@
+"""``tagplan run``'s bad input: one line on stderr and exit code 2, before anything starts
+(a missing or mismatched plan, a wrong task or address, no batches), and a worker that
+never answers is refused after ``--connect-timeout-s``, not waited for."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tagplan.cli import app
+from tagplan.cli.common import EXIT_BAD_INPUT
+from tests.planner.run.test_run import CLUSTERS, REPO, free_ports
+
+runner = CliRunner()
+
+
+def _compile(tmp_path: Path, strategy: str) -> Path:
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(CLUSTERS["two_by_two"]))
+    out = tmp_path / strategy
+    result = runner.invoke(
+        app, ["compile", "zoo:mlp", "-c", str(cluster), "-s", strategy, "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("plans")
+    return {name: _compile(root, name) for name in ("dp-nccl", "dp-ps")}
+
+
+def _refused(*args: str) -> str:
+    result = runner.invoke(app, ["run", *args])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output
+    return lines[0]
+
+
+WORKERS = "localhost:1,localhost:2"
+
+
+def test_a_missing_plan_directory_is_refused(tmp_path: Path) -> None:
+    assert "no plan directory" in _refused(
+        str(tmp_path / "none"), "--task", "0", "--workers", WORKERS
+    )
+
+
+def test_a_graph_that_is_not_the_device_maps_is_refused(
+    plans: dict[str, Path], tmp_path: Path
+) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plans["dp-nccl"], mixed)
+    shutil.copy(plans["dp-ps"] / "distributed.pb", mixed / "distributed.pb")
+    assert "digest differs" in _refused(str(mixed), "--task", "1", "--workers", WORKERS)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "2", "--workers", WORKERS], "task 2 is not one of the plan's tasks 0..1"),
+        (["--task", "0", "--workers", "localhost:1"], "the plan has 2 tasks"),
+        (["--task", "0", "--workers", "localhost,localhost:2"], "is not host:port"),
+        (["--task", "0", "--workers", WORKERS], "--input module:function"),
+        (["--task", "0", "--workers", WORKERS, "--input", "no_such_module:f"], "cannot import"),
+    ],
+)
+def test_a_wrong_task_address_or_input_is_refused(
+    plans: dict[str, Path], args: list[str], message: str
+) -> None:
+    assert message in _refused(str(plans["dp-nccl"]), *args)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_a_worker_that_never_answers_is_refused_after_the_timeout(plans: dict[str, Path]) -> None:
+    chief, absent = free_ports(2)
+    started = time.perf_counter()
+    workers = f"localhost:{chief},localhost:{absent}"
+    run = [sys.executable, "-m", "tagplan", "run", str(plans["dp-nccl"]), "--task", "0"]
+    done = subprocess.run(
+        [*run, "--workers", workers, "--cpu", "--steps", "0", "--connect-timeout-s", "2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr[-2000:]
+    assert f"worker task 1 at localhost:{absent} did not answer within 2 s" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert time.perf_counter() - started < 60

@@ -1,0 +1,88 @@
+"""Budgets that hold: one deadline for every phase, phases that say what they left out,
+the search's convergence stop, and the shared work computed once per job."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tagplan.planner.budget import Deadline, PhaseReport
+from tagplan.planner.plan import Planner, PlanOptions, plan
+from tagplan.planner.search.mcts import StrategySearch
+from tagplan.planner.topology import load_cluster
+from tests.planner.zoo_graphs import zoo_ir
+
+
+def test_a_deadline_is_absolute_and_shares_are_capped_by_what_is_left() -> None:
+    deadline = Deadline.after(10.0, start_s=time.time() - 8.0)
+    assert deadline.left_s() == pytest.approx(2.0, abs=0.5)
+    assert deadline.share_s(0.1) == pytest.approx(1.0)  # 10% of 10 s, less than left
+    assert deadline.share_s(0.5) == pytest.approx(deadline.left_s(), abs=0.5)
+    assert Deadline.after(1.0, start_s=time.time() - 5.0).share_s(0.5) == 0.0
+    report = PhaseReport("truncated", 1.5, "skipped at the budget: m-sct")
+    assert PhaseReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_a_plan_started_past_its_deadline_skips_all_it_may_and_still_answers() -> None:
+    """DP-NCCL (the reference) and the final compile always run; every other baseline,
+    the search and SFB are skipped, and the result says so."""
+    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    late = Deadline.after(5.0, start_s=time.time() - 60.0)
+    result = plan(ir, cluster, options=PlanOptions(budget_s=5.0), deadline=late)
+    assert list(result.baselines) == ["dp-nccl"]
+    assert result.chosen_from == "dp-nccl"
+    assert result.iterations == 0 and result.stop_reason == "skipped"
+    phases = result.phases
+    assert phases["baselines"]["status"] == "truncated"
+    assert "m-sct" in phases["baselines"]["note"]
+    assert phases["search"]["status"] == "skipped"
+    assert phases["sfb"]["status"] == "skipped"
+    assert phases["compile"]["status"] == "done"
+    assert result.plan_time_s >= 60.0  # counted from the deadline's start
+    assert "search: skipped" in result.report_markdown()
+
+
+def test_the_search_stops_once_it_has_converged() -> None:
+    """With patience p the search ends when its best, found at iteration i, has not been
+    beaten for max(p, i) iterations; the same seed stops at the same place."""
+    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=PlanOptions(sfb=False))
+
+    def search() -> StrategySearch:
+        return planner._search(0)
+
+    converged = search().run(budget_s=600, patience=8)
+    assert converged.stop_reason == "converged"
+    again = search().run(budget_s=600, patience=8)
+    assert again.actions == converged.actions and again.iterations == converged.iterations
+    # the best was found at iteration i, and the search went max(8, i) further
+    for found_at in range(1, converged.iterations + 1):
+        head = search().run(iterations=found_at, budget_s=600)
+        if head.actions == converged.actions and head.step_time_s == converged.step_time_s:
+            break
+    assert converged.iterations == found_at + max(8, found_at)
+    longer = search().run(iterations=converged.iterations + 40, budget_s=600)
+    assert longer.stop_reason == "iterations"
+    assert longer.step_time_s <= converged.step_time_s
+
+
+def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
+    """A planner built from another's ``prepared()`` groups, scores and searches alike."""
+    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    options = PlanOptions(iterations=12, budget_s=600, sfb=False)
+    first = Planner(ir, cluster, options=options)
+    prepared = json.loads(json.dumps(first.prepared()))
+    second = Planner(ir, cluster, options=options, prepared=prepared)
+    assert (second.grouping.op_group == first.grouping.op_group).all()
+    assert (second.grouping.group_time_s == first.grouping.group_time_s).all()
+    assert second.baselines == first.baselines
+    assert second.reference_step_s == first.reference_step_s
+    assert "group" not in second.phases or second.phases["group"] == first.phases["group"]
+    a, b = first.search_shard(0), second.search_shard(0)
+    assert (a.actions, a.step_time_s) == (b.actions, b.step_time_s)
+    result = second.finish([b])
+    assert result.phases["baselines"]["status"] == "done"
+    assert result.baselines == {
+        name: None if s.oom else s.step_time_s for name, s in first.baselines.items()
+    }
