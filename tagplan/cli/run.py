@@ -31,7 +31,8 @@ def run_command(
         typer.Option(
             "--input",
             help="Task 0: module:function returning an iterable of whole batches (dicts of "
-            "numpy arrays keyed by the original input names).",
+            "numpy arrays keyed by the original input names), or synthetic: random batches "
+            "shaped like the plan's inputs.",
         ),
     ] = None,
     steps: Annotated[int, typer.Option(min=0, help="Task 0: training steps to run.")] = 1,
@@ -75,8 +76,10 @@ def run_command(
             serve(plan, options)
             return
         if input_function is None and steps:
-            raise InvalidInput("task 0 trains: name its batches with --input module:function")
-        batches = load_input_function(input_function)() if input_function else ()
+            raise InvalidInput(
+                "task 0 trains: name its batches with --input module:function (or synthetic)"
+            )
+        batches = load_input_function(input_function, plan)() if input_function else ()
         with Progress(
             TextColumn("step"),
             MofNCompleteColumn(),

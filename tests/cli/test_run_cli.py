@@ -4,6 +4,7 @@ never answers is refused after ``--connect-timeout-s``, not waited for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -12,11 +13,20 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from tagplan.cli import app
 from tagplan.cli.common import EXIT_BAD_INPUT
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.protos import dtype_name
+from tagplan.planner.run.plan_dir import (
+    SYNTHETIC,
+    load_input_function,
+    load_plan,
+    synthetic_batches,
+)
 from tests.planner.run.test_run import CLUSTERS, REPO, free_ports
 
 runner = CliRunner()
@@ -100,3 +110,37 @@ def test_a_worker_that_never_answers_is_refused_after_the_timeout(plans: dict[st
     assert f"worker task 1 at localhost:{absent} did not answer within 2 s" in done.stderr
     assert "Traceback" not in done.stderr
     assert time.perf_counter() - started < 60
+
+
+def test_synthetic_batches_take_the_shapes_and_types_of_the_plans_inputs(
+    plans: dict[str, Path],
+) -> None:
+    plan = load_plan(plans["dp-nccl"])
+    batches = load_input_function(SYNTHETIC, plan)()
+    first, second = next(iter(batches)), next(iter(batches))
+    placeholders = {node.name: node for node in plan.graph_def.node if node.op == "Placeholder"}
+    assert sorted(first) == sorted(plan.device_map["inputs"])
+    for name, value in first.items():
+        node = placeholders[plan.device_map["inputs"][name][0][0]]
+        dims = [d.size for d in node.attr["shape"].shape.dim]
+        assert value.shape == (32, *dims[1:])
+        assert value.dtype == np.dtype(dtype_name(node.attr["dtype"].type))
+        if np.issubdtype(value.dtype, np.integer):
+            assert not value.any()  # a valid class and token id for every model
+        else:
+            assert value.std() > 0.5 and not np.array_equal(value, second[name])
+    feed = plan.split(first)  # the replica placeholders' rows make up the whole batch
+    for name, pieces in plan.device_map["inputs"].items():
+        rows = np.concatenate([feed[f"{node}:0"] for node, _, _ in pieces])
+        np.testing.assert_array_equal(rows, first[name])
+
+
+def test_synthetic_batches_need_known_shapes(plans: dict[str, Path]) -> None:
+    plan = load_plan(plans["dp-nccl"])
+    graph_def = type(plan.graph_def).FromString(plan.graph_def.SerializeToString())
+    placeholder = plan.device_map["inputs"]["features"][0][0]
+    node = next(n for n in graph_def.node if n.name == placeholder)
+    node.attr["shape"].shape.dim[1].size = -1
+    unknown = dataclasses.replace(plan, graph_def=graph_def)
+    with pytest.raises(InvalidInput, match="unknown size"):
+        next(iter(synthetic_batches(unknown)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,19 @@ from google.protobuf.message import DecodeError
 
 from tagplan.planner.compile.state import graph_digest
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.graph.protos import GraphDef
+from tagplan.planner.graph.protos import GraphDef, dtype_name
 
-__all__ = ["Plan", "load_input_function", "load_plan", "parse_workers"]
+__all__ = [
+    "SYNTHETIC",
+    "Plan",
+    "load_input_function",
+    "load_plan",
+    "parse_workers",
+    "synthetic_batches",
+]
+
+SYNTHETIC = "synthetic"
+"""The ``--input`` that trains on random batches shaped like the plan's inputs."""
 
 _REQUIRED = ("tasks", "variables", "inputs", "loss", "train_op", "init", "checkpoint")
 
@@ -68,6 +78,33 @@ class Plan:
             for node, lo, hi in pieces:
                 feed[f"{node}:0"] = value[lo:hi]
         return feed
+
+
+def synthetic_batches(plan: Plan, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Whole batches of random data shaped like the plan's inputs, as benchmarks train on
+    synthetic data: floating inputs standard normal, integer ones (labels, token ids)
+    zero, a value every class count and vocabulary accepts. Shapes and types are the
+    replica placeholders'; a dimension other than the batch's must be known."""
+    nodes = {node.name: node for node in plan.graph_def.node}
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for name, pieces in plan.device_map["inputs"].items():
+        placeholder = nodes[pieces[0][0]]
+        dims = [d.size for d in placeholder.attr["shape"].shape.dim][1:]
+        if any(size < 0 for size in dims):
+            raise InvalidInput(
+                f"input {name!r} has a dimension of unknown size {dims}: synthetic batches need "
+                "known shapes, give --input module:function"
+            )
+        dtype = np.dtype(dtype_name(placeholder.attr["dtype"].type))
+        shapes[name] = ((plan.batch_size, *dims), dtype)
+    rng = np.random.default_rng(seed)
+    while True:
+        yield {
+            name: rng.standard_normal(shape).astype(dtype)
+            if np.issubdtype(dtype, np.floating)
+            else np.zeros(shape, dtype)
+            for name, (shape, dtype) in shapes.items()
+        }
 
 
 def load_plan(directory: Path) -> Plan:
@@ -122,9 +159,12 @@ def parse_workers(workers: str, plan: Plan, task: int) -> list[str]:
     return addresses
 
 
-def load_input_function(spec: str) -> Callable[[], Iterable[Mapping[str, Any]]]:
+def load_input_function(spec: str, plan: Plan) -> Callable[[], Iterable[Mapping[str, Any]]]:
     """``module:function``, imported from the Python path and the working directory: a
-    function of no arguments returning an iterable of whole batches (dicts of arrays)."""
+    function of no arguments returning an iterable of whole batches (dicts of arrays);
+    ``synthetic``: random batches shaped like ``plan``'s inputs."""
+    if spec == SYNTHETIC:
+        return lambda: synthetic_batches(plan)
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InvalidInput(f"input function {spec!r} is not module:function")

@@ -19,6 +19,7 @@ from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.search.sfb import solve_sfb
 from tagplan.planner.sim.taskgraph import COLLECTIVE
 from tagplan.planner.strategy import (
     GradientSync,
@@ -97,6 +98,15 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
         return Strategy(
             name=name, groups=[OpGroup(ops=apart, decision=decision)], default=everywhere
         )
+    if name == "sfb":  # weight gradients by sufficient-factor broadcast where it pays
+        free = np.zeros(ir.num_ops)  # compute is free: only bytes decide (TAG §4.2.3)
+        replicas = cluster.num_devices
+        decisions = [
+            solve_sfb(ir, row, replicas=replicas, op_time_s=free, bandwidth_bytes_per_s=1.25e9)
+            for row in range(len(ir.parameters))
+        ]
+        sfb = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
+        return Strategy(name=name, default=everywhere, sfb=sfb)
     if name in ("bucketed", "bucketed-apart"):  # two bucketed groups: same GPUs, or not
         fused = everywhere.model_copy(update={"gradient_sync": GradientSync.BUCKETED})
         layer = fused.model_copy(update={"device_groups": [0]}) if name.endswith("apart") else fused

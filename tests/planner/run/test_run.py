@@ -50,12 +50,14 @@ CLUSTERS = {
     },
 }
 # (model, strategy, cluster, start from a checkpoint): collectives with unequal shares,
-# a parameter server beside NCCL, parameter servers on three tasks, model parallelism
+# a parameter server beside NCCL, parameter servers on three tasks, model parallelism,
+# sufficient-factor broadcast
 CASES = [
     ("mlp", "weights", "two_by_two", False),
     ("small_cnn", "partial-ps", "two_by_two", True),
     ("tiny_lstm", "dp-ps", "three", False),
     ("small_cnn", "model-parallel", "two_by_two", False),
+    ("mlp", "sfb", "two_by_two", False),
 ]
 LAYERS = {"mlp": "dense_2", "small_cnn": "logits", "tiny_lstm": "decoder"}
 
