@@ -56,7 +56,8 @@ def run_command(
     check_replicas: Annotated[
         bool,
         typer.Option(
-            "--check-replicas", help="Task 0: report how far a variable's replicas differ."
+            "--check-replicas",
+            help="Task 0: report how far a variable's replicas differ after any step.",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Task 0: print one JSON object.")] = False,

@@ -60,7 +60,7 @@ class RunResult:
     steps_s: float = 0.0
     restored: str | None = None
     saved: str | None = None
-    replica_difference: float | None = None  # the largest |replica - first replica|
+    replica_difference: float | None = None  # the largest |replica - first|, any step
     worst_variable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,19 +158,24 @@ def _checkpoint_prefix(tf: Any, path: str) -> str:
     return str(Path(path).resolve())
 
 
-def _replica_difference(
-    tf: Any, graph: Any, session: Any, variables: Mapping[str, list[str]]
-) -> tuple[float | None, str | None]:
+def _replica_readers(tf: Any, graph: Any, variables: Mapping[str, list[str]]) -> dict[str, list]:
+    """Read ops of every replica of each variable that has more than one, built once."""
+    return {
+        name: [reader(tf, graph, r) for r in replicas]
+        for name, replicas in variables.items()
+        if len(replicas) > 1
+    }
+
+
+def _replica_difference(session: Any, readers: Mapping[str, list]) -> tuple[float, str | None]:
     """The largest elementwise difference between a variable's replicas, and which."""
-    found = {}
-    for name, replicas in variables.items():
-        if len(replicas) > 1:
-            values = session.run([reader(tf, graph, r) for r in replicas])
-            found[name] = max(float(np.max(np.abs(v - values[0]), initial=0.0)) for v in values[1:])
-    if not found:
-        return None, None
-    worst = max(found, key=found.__getitem__)
-    return found[worst], worst
+    worst, difference = None, 0.0
+    for name, reads in readers.items():
+        values = session.run(reads)
+        found = max(float(np.max(np.abs(v - values[0]), initial=0.0)) for v in values[1:])
+        if worst is None or found > difference:
+            worst, difference = name, found
+    return difference, worst
 
 
 def train(
@@ -220,20 +225,25 @@ def train(
                         ) from None
                 else:
                     session.run(device_map["init"])
-                started = time.perf_counter()
+                readers = (
+                    _replica_readers(tf, graph, device_map["variables"]) if check_replicas else {}
+                )
+                steps_s = 0.0
                 for step, batch in zip(range(steps), batches, strict=False):
+                    started = time.perf_counter()
                     try:
                         loss, _ = session.run(fetch, plan.split(batch))
                     except ValueError as exc:
                         raise InvalidInput(f"step {step}: {_first_line(exc)}") from None
+                    steps_s += time.perf_counter() - started
                     result.losses.append(float(loss))
                     if on_step is not None:
                         on_step(step, float(loss))
-                result.steps_s = time.perf_counter() - started
-                if check_replicas:
-                    result.replica_difference, result.worst_variable = _replica_difference(
-                        tf, graph, session, device_map["variables"]
-                    )
+                    if readers:  # replicas must agree after every step
+                        found, variable = _replica_difference(session, readers)
+                        if result.replica_difference is None or found > result.replica_difference:
+                            result.replica_difference, result.worst_variable = found, variable
+                result.steps_s = steps_s
                 if save:
                     target = Path(save).resolve()
                     target.parent.mkdir(parents=True, exist_ok=True)
