@@ -95,16 +95,23 @@ def dp_nccl_proportional(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> S
 
 
 def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
-    """Every parameter's variable, slots and update on one PS GPU, round-robin over GPUs
-    in order of decreasing parameter size so the load spreads evenly."""
+    """Every parameter's variable, slots and update on one PS GPU, placed greedily in
+    order of decreasing parameter size: on the machine holding the fewest parameter bytes
+    so far (its network link carries every remote worker's push and pull of them, as
+    TensorFlow's greedy load balancing by byte size spreads variables over PS tasks), and
+    there on its least-loaded GPU."""
     params = ir.parameters
     groups = _all_groups(cluster)
     order = np.argsort(-params.bytes, kind="stable")
     load = np.zeros(cluster.num_devices)
+    machine_load = np.zeros(cluster.num_machines)
     op_groups = []
     for row in order.tolist():
-        device = int(np.argmin(load))
+        machine = int(np.argmin(machine_load))
+        members = cluster.machine_devices(machine)
+        device = int(members[np.argmin(load[members])])
         load[device] += params.bytes[row]
+        machine_load[machine] += params.bytes[row]
         ops = {int(params.variable_op[row]), int(params.apply_op[row])}
         ops.update(params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]].tolist())
         ops.update(params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]].tolist())
