@@ -25,7 +25,7 @@ use is not the model's), and only a second such kill counts as OOM.
 Memory decides the configuration: float64 copies of every variable and its two Adam
 slots live once per mirror, with the gradients; the initial and updated values wait on
 disk. ``tagplan verify --max-memory-gib`` refuses a step whose estimate
-(``tagplan.planner.compile.verify_memory``) exceeds the budget, and the next
+(``tagplan.planner.verify.memory``) exceeds the budget, and the next
 configuration is tried:
 float64 on three GPUs, float64 on one GPU per machine (``two``; not for model
 parallelism, which needs three GPUs), then float32 at rtol 1e-3 and atol 1e-5. That
@@ -58,7 +58,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.report import write_section
-from tagplan.planner.compile.verify_memory import GIB, available_bytes
+from tagplan.planner.verify.memory import GIB, available_bytes
 
 MODELS = ["vgg19", "resnet101", "inception_v3", "transformer", "bert_small", "bert_large"]
 KINDS = ["dp-nccl", "dp-ps", "dp-nccl-p", "partial", "model-parallel", "duplicate"]

@@ -95,7 +95,7 @@ def verify_command(
     """Run the original and the compiled graph for one step in TensorFlow on virtual CPU
     devices (one per GPU) and compare the loss and every updated variable."""
     with user_errors():
-        from tagplan.planner.compile.verify import verify
+        from tagplan.planner.verify.check import verify
 
         zoo = graph.startswith(ZOO_PREFIX)
         source, ir = analyze_source(graph, (batch_size or DEFAULT_VERIFY_BATCH) if zoo else None)

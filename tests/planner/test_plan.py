@@ -12,7 +12,7 @@ from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, pl
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.topology import load_cluster
 from tests.planner.clusters import gpus
-from tests.planner.compile.own_process import verify_many_apart
+from tests.planner.verify.own_process import verify_many_apart
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
 

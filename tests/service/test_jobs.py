@@ -169,7 +169,7 @@ def test_vgg19_on_testbed(service: TestClient, admin: dict) -> None:
 @pytest.mark.tf
 @pytest.mark.slow
 def test_mlp_plan_verifies_in_tensorflow(service: TestClient, mlp_job: dict) -> None:
-    from tagplan.planner.compile.verify import verify
+    from tagplan.planner.verify.check import verify
 
     result = service.get(mlp_job["links"]["result"], headers=make_key("read", tenant=TENANT)).json()
     report = verify("zoo:mlp", "testbed", result["strategy"])

@@ -50,7 +50,7 @@ def test_root_parallel_shards_run_as_a_chord(stack: Stack) -> None:
 @pytest.mark.tf
 @pytest.mark.slow
 def test_served_mlp_plan_verifies(stack: Stack) -> None:
-    from tagplan.planner.compile.verify import verify
+    from tagplan.planner.verify.check import verify
 
     job = stack.client.submit("zoo:mlp", cluster="testbed", options={"budget_s": 2, "seed": 11})
     job = stack.client.wait(job["id"], timeout_s=300, poll_s=0.5)

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.reference import load_tensorflow, reader
 from tagplan.planner.errors import InvalidInput, PlannerError
 from tagplan.planner.run.cpu import on_cpu
 from tagplan.planner.run.plan_dir import Plan
+from tagplan.planner.verify.reference import load_tensorflow, reader
 
 __all__ = ["RunFailed", "RunOptions", "RunResult", "serve", "train"]
 

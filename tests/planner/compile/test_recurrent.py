@@ -20,7 +20,7 @@ from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.sim.taskgraph import COLLECTIVE
 from tagplan.planner.strategy import GroupDecision, Mode, OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
-from tests.planner.compile.own_process import verify_many_apart
+from tests.planner.verify.own_process import verify_many_apart
 
 THREE_GPUS = {
     "machines": [

@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.lowering import lower_for_cpu
-from tagplan.planner.compile.reference import (
+from tagplan.planner.compile.state import graph_digest
+from tagplan.planner.topology import Cluster
+from tagplan.planner.verify.lowering import lower_for_cpu
+from tagplan.planner.verify.reference import (
     assigner,
     load_tensorflow,
     open_session,
     reader,
 )
-from tagplan.planner.compile.state import graph_digest
-from tagplan.planner.topology import Cluster
 from tests.planner.compile.test_graphdef import committed, compiled, two_by_two
 
 pytestmark = pytest.mark.tf

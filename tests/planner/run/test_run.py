@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 
 from tagplan.cli import app
 from tagplan.planner.compile.graphdef import compile_graphdef
-from tagplan.planner.compile.reference import load_original, load_tensorflow, run_reference
-from tagplan.planner.compile.values import ValueStore
-from tagplan.planner.compile.verify import check_variable
 from tagplan.planner.strategy import resolve
 from tagplan.planner.topology import load_cluster
+from tagplan.planner.verify.check import check_variable
+from tagplan.planner.verify.reference import load_original, load_tensorflow, run_reference
+from tagplan.planner.verify.values import ValueStore
 from tests.planner.compile.test_graphdef import committed, strategy
 from tests.planner.compile.test_state import restore_original, save_original
 from tests.planner.run.batches import BATCH_FILE

@@ -80,8 +80,8 @@ def test_compiled_sfb_removes_the_allreduce() -> None:
 def test_sfb_strategy_verifies_in_tensorflow() -> None:
     """The MLP's weight gradients at batch 4 on two machines go by SFB; the compiled graph
     still computes the single-device step."""
-    from tagplan.planner.compile.verify import verify
     from tagplan.planner.graph.protos import GraphDef
+    from tagplan.planner.verify.check import verify
     from tagplan.planner.zoo import generate
 
     built = generate.build("mlp", batch_size=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tagplan.planner.compile.values import ValueStore
+from tagplan.planner.verify.values import ValueStore
 
 
 def test_values_come_back_with_their_dtype_shape_and_bits(tmp_path) -> None:

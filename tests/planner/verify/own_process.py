@@ -9,11 +9,11 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from tagplan.planner.compile.verify import VerifyReport, verify_many
+from tagplan.planner.verify.check import VerifyReport, verify_many
 
 
 def verify_many_apart(*args: Any, **kwargs: Any) -> list[VerifyReport]:
-    """:func:`~tagplan.planner.compile.verify.verify_many` run in a fresh child process."""
+    """:func:`~tagplan.planner.verify.check.verify_many` run in a fresh child process."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(verify_many, *args, **kwargs).result()

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tagplan.planner.compile.graphdef import compile_graphdef
-from tagplan.planner.compile.verify import VerifyReport, lower_for_cpu, verify, verify_many
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.protos import GraphDef
 from tagplan.planner.strategy import resolve
+from tagplan.planner.verify.check import VerifyReport, lower_for_cpu, verify, verify_many
 from tests.planner.compile.test_graphdef import (
     LAYERS,
     STRATEGIES,
@@ -157,7 +157,7 @@ def test_collectives_are_lowered_to_a_sum_and_copies_on_cpu_devices() -> None:
 
 
 def test_double_precision_widens_types_and_constants() -> None:
-    from tagplan.planner.compile.verify import to_float64
+    from tagplan.planner.verify.check import to_float64
 
     graph_def, _ = committed("mlp")
     widened = {n.name: n for n in to_float64(graph_def).node}
@@ -198,7 +198,7 @@ def test_the_memory_estimate_counts_every_copy_and_every_gradient_instance() -> 
     """DP-NCCL on 2 x 2 GPUs: four copies of every variable, four instances of every
     gradient (computed, then summed), the largest variable's four copies and its expected
     value read back; float64 doubles them; 1 GiB for the process."""
-    from tagplan.planner.compile.verify_memory import GIB, verification_bytes
+    from tagplan.planner.verify.memory import GIB, verification_bytes
 
     cluster = two_by_two()
     graph_def, ir = _batch_four("mlp")

@@ -11,14 +11,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.batchnorm import lower_batch_norms
 from tagplan.planner.compile.graphdef import compile_graphdef
-from tagplan.planner.compile.verify import VerifyReport, to_float64
 from tagplan.planner.graph.protos import GraphDef
 from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
-from tests.planner.compile.own_process import verify_many_apart
+from tagplan.planner.verify.batchnorm import lower_batch_norms
+from tagplan.planner.verify.check import VerifyReport, to_float64
 from tests.planner.compile.test_graphdef import committed, layer_ops
+from tests.planner.verify.own_process import verify_many_apart
 
 pytestmark = pytest.mark.tf
 

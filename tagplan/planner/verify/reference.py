@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.batchnorm import RunningStatistic, per_replica_statistics
-from tagplan.planner.compile.lowering import to_float64
-from tagplan.planner.compile.values import ValueStore
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.params import VARIABLE_OPS
 from tagplan.planner.graph.protos import GraphDef, dtype_name
 from tagplan.planner.graph.source import ZOO_PREFIX, load_graph_source
+from tagplan.planner.verify.batchnorm import RunningStatistic, per_replica_statistics
+from tagplan.planner.verify.lowering import to_float64
+from tagplan.planner.verify.values import ValueStore
 
 __all__ = [
     "Original",

@@ -7,7 +7,7 @@ import pytest
 
 from tagplan.planner.strategy import GroupDecision, Option, Strategy
 from tagplan.planner.topology import load_cluster
-from tests.planner.compile.own_process import verify_many_apart
+from tests.planner.verify.own_process import verify_many_apart
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tagplan.planner.compile import compare as module
-from tagplan.planner.compile.compare import Tolerance, compare, largest_magnitude
+from tagplan.planner.verify import compare as module
+from tagplan.planner.verify.compare import Tolerance, compare, largest_magnitude
 
 
 @pytest.fixture(autouse=True)

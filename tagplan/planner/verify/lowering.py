@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.batchnorm import lower_batch_norms
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.protos import GraphDef, NodeDef
 from tagplan.planner.topology import Cluster
+from tagplan.planner.verify.batchnorm import lower_batch_norms
 
 __all__ = ["lower_for_cpu", "to_float64"]
 

@@ -2,8 +2,8 @@
 compiled distributed one in TensorFlow and compare the loss and every updated variable.
 
 :func:`verify` rebuilds or loads the graph at a small batch, compiles the strategy with
-:func:`~.graphdef.compile_graphdef`, runs both steps from the same initial values and
-batch on virtual CPU devices (one per GPU; GPU-only collectives lowered by
+:func:`~tagplan.planner.compile.graphdef.compile_graphdef`, runs both steps from the same
+initial values and batch on virtual CPU devices (one per GPU; GPU-only collectives lowered by
 :func:`lower_for_cpu`), in float64 by default, and compares every replica of every
 variable elementwise with ``|actual - expected| <= atol + rtol * |expected|``. Values
 wait in a scratch directory (:class:`~.values.ValueStore`) so BERT-Large verifies on one
@@ -24,11 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.batchnorm import batch_norm_splits, running_copies
-from tagplan.planner.compile.compare import Tolerance, compare, largest_magnitude
 from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
-from tagplan.planner.compile.lowering import lower_for_cpu, to_float64
-from tagplan.planner.compile.reference import (
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import Strategy, load_strategy, resolve
+from tagplan.planner.topology import Cluster, load_cluster
+from tagplan.planner.verify.batchnorm import batch_norm_splits, running_copies
+from tagplan.planner.verify.compare import Tolerance, compare, largest_magnitude
+from tagplan.planner.verify.lowering import lower_for_cpu, to_float64
+from tagplan.planner.verify.memory import GIB, available_bytes, verification_bytes
+from tagplan.planner.verify.reference import (
     Reference,
     assign_values,
     assigner,
@@ -39,12 +44,7 @@ from tagplan.planner.compile.reference import (
     reader,
     run_reference,
 )
-from tagplan.planner.compile.values import ValueStore
-from tagplan.planner.compile.verify_memory import GIB, available_bytes, verification_bytes
-from tagplan.planner.errors import InvalidInput
-from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.strategy import Strategy, load_strategy, resolve
-from tagplan.planner.topology import Cluster, load_cluster
+from tagplan.planner.verify.values import ValueStore
 
 __all__ = [
     "VariableCheck",
@@ -354,10 +354,10 @@ def verify(
     """Check that ``strategy`` compiled for ``cluster`` computes what ``graph_spec`` does.
 
     ``strategy`` is a strategy (an object, JSON text or a decoded document) to compile, or
-    a :class:`~.graphdef.DistributedGraph` compiled earlier (at the same batch) to check
-    as it is. ``options`` are the fields of :class:`VerifyOptions`: ``seed`` fixes the
-    random batch; ``image_size`` rebuilds a zoo image classifier on smaller images
-    (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
+    a :class:`~tagplan.planner.compile.graphdef.DistributedGraph` compiled earlier (at the
+    same batch) to check as it is. ``options`` are the fields of :class:`VerifyOptions`:
+    ``seed`` fixes the random batch; ``image_size`` rebuilds a zoo image classifier on
+    smaller images (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
     :class:`~tagplan.planner.errors.InvalidInput`, and so does a step estimated not to fit
     the memory (:mod:`.verify_memory`); a compiled graph that TensorFlow refuses or that
     computes something else gives a failing report.
