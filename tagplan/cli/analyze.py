@@ -47,6 +47,13 @@ def analyze_command(
     table.add_row("parameters / gradients", f"{len(ir.parameters):,}")
     table.add_row("parameter size", f"{ir.param_bytes / 2**20:,.1f} MiB")
     table.add_row("optimizer slots", f"{summary['optimizer_slot_bytes'] / 2**20:,.1f} MiB")
+    if len(ir.sparse_parameters):
+        table.add_row(
+            "sparse parameters (embedding tables)",
+            f"{len(ir.sparse_parameters):,}, {summary['sparse_param_bytes'] / 2**20:,.1f} MiB "
+            f"+ slots {summary['sparse_slot_bytes'] / 2**20:,.1f} MiB",
+        )
+        table.add_row("trainable variables", f"{summary['trainable_variables']:,}")
     table.add_row("batch-carrying tensors", f"{summary['batch_tensor_bytes'] / 2**20:,.1f} MiB")
     for label, count in summary["split_categories"].items():
         table.add_row(f"ops {label}", f"{count:,}")
@@ -63,6 +70,11 @@ def analyze_command(
         console.print(
             f"[yellow]op types without a cost formula (estimated from the bytes they move):[/] "
             f"{listed}"
+        )
+    if summary["unsized_sparse_parameters"]:
+        console.print(
+            "[yellow]sparse parameters whose size the graph does not give (only gathered and "
+            f"scattered, no optimizer slot):[/] {', '.join(summary['unsized_sparse_parameters'])}"
         )
     if ir.unknown_op_types:
         console.print(

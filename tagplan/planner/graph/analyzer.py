@@ -18,10 +18,11 @@ import numpy as np
 
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import NO_AXIS, BatchAnalysis, propagate_batch
-from tagplan.planner.graph.ir import GraphIR, Parameters
+from tagplan.planner.graph.ir import GraphIR, Parameters, SparseParameters
 from tagplan.planner.graph.params import (
     VARIABLE_OPS,
     ParameterInfo,
+    SparseParameterInfo,
     find_parameters,
     is_variable,
     variable_bytes,
@@ -315,6 +316,24 @@ def _parameters(
     )
 
 
+def _sparse_parameters(
+    graph: ParsedGraph, infos: list[SparseParameterInfo], position: dict[int, int]
+) -> SparseParameters:
+    kept = [i for i in infos if i.variable in position]
+    slot_ptr, slot_op = _csr([[position[s] for s in i.slots if s in position] for i in kept])
+    update_ptr, update_op = _csr([[position[u] for u in i.updates if u in position] for i in kept])
+    return SparseParameters(
+        names=tuple(graph.names[i.variable] for i in kept),
+        variable_op=np.array([position[i.variable] for i in kept], dtype=np.int32),
+        bytes=np.array([i.bytes for i in kept], dtype=np.int64),
+        slot_bytes=np.array([i.slot_bytes for i in kept], dtype=np.int64),
+        slot_ptr=slot_ptr,
+        slot_op=slot_op,
+        update_ptr=update_ptr,
+        update_op=update_op,
+    )
+
+
 def analyze(
     graph_def: Any,
     *,
@@ -352,9 +371,11 @@ def analyze(
         dtype=bool,
     )
     loss_node = _find_loss(graph, loss, inputs)
-    infos = find_parameters(graph, batch_inputs=inputs, touches_batch=touches, loss=loss_node)
+    found = find_parameters(graph, batch_inputs=inputs, touches_batch=touches, loss=loss_node)
+    infos = found.dense
 
     protected = {i.apply for i in infos} | {i.variable for i in infos}
+    protected |= {n for t in found.sparse for n in (t.variable, *t.updates)}
     simplified = simplify(
         graph, batch_inputs=inputs, protected=protected, loss=loss_node, stateful=stateful
     )
@@ -438,4 +459,5 @@ def analyze(
         },
         dropped={reason: tuple(names) for reason, names in simplified.dropped.items()},
         unknown_op_types=tuple(unknown),
+        sparse_parameters=_sparse_parameters(graph, found.sparse, position),
     )

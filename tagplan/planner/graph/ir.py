@@ -18,7 +18,7 @@ import numpy as np
 
 from tagplan.planner.graph.batch import Aggregation, SplitCategory
 
-__all__ = ["GraphIR", "Parameters"]
+__all__ = ["GraphIR", "Parameters", "SparseParameters"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +39,31 @@ class Parameters:
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+@dataclass(frozen=True, eq=False)
+class SparseParameters:
+    """Trainable variables updated through scatter ops (embedding tables), one row each;
+    op indices refer to the IR. Their update ops are placed like any other op; the rows
+    say what they hold (``bytes`` 0: the graph gives no shape for the variable)."""
+
+    names: tuple[str, ...]
+    variable_op: np.ndarray  # int32
+    bytes: np.ndarray  # int64
+    slot_bytes: np.ndarray  # int64: optimizer slots scattered into with the table
+    slot_ptr: np.ndarray  # int32 CSR over slot_op
+    slot_op: np.ndarray  # int32
+    update_ptr: np.ndarray  # int32 CSR over update_op
+    update_op: np.ndarray  # int32: the batch-dependent writes and scatters
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def empty(cls) -> SparseParameters:
+        none = np.zeros(0, dtype=np.int32)
+        start = np.zeros(1, dtype=np.int32)
+        return cls((), none, none.astype(np.int64), none.astype(np.int64), start, none, start, none)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +106,7 @@ class GraphIR:
     aliases: dict[str, int] = field(repr=False)  # dropped identity name -> op index
     dropped: dict[str, tuple[str, ...]] = field(repr=False)  # reason -> original names
     unknown_op_types: tuple[str, ...] = ()
+    sparse_parameters: SparseParameters = field(default_factory=SparseParameters.empty)
 
     @property
     def num_ops(self) -> int:
@@ -139,6 +165,18 @@ class GraphIR:
             "gradients": len(self.parameters),
             "param_bytes": self.param_bytes,
             "optimizer_slot_bytes": int(self.parameters.slot_bytes.sum()),
+            "sparse_parameters": len(self.sparse_parameters),
+            "sparse_param_bytes": int(self.sparse_parameters.bytes.sum()),
+            "sparse_slot_bytes": int(self.sparse_parameters.slot_bytes.sum()),
+            "unsized_sparse_parameters": [
+                name
+                for name, size in zip(
+                    self.sparse_parameters.names, self.sparse_parameters.bytes, strict=True
+                )
+                if size == 0
+            ],
+            "trainable_variables": len(self.parameters) + len(self.sparse_parameters),
+            "trainable_bytes": self.param_bytes + int(self.sparse_parameters.bytes.sum()),
             "gradient_bytes": int(self.parameters.gradient_bytes.sum()),
             "tensor_bytes": int(self.tensor_bytes.sum()),
             "batch_tensors": int(batch.sum()),

@@ -15,6 +15,20 @@ Two graph styles occur (docs/design.md §2):
 
 TAG §4.1.1 keeps a parameter with its apply op and optimizer slots; the region is what
 the grouping must keep together.
+
+*Sparse parameters* are trainable variables updated through scatter ops, as optimizers
+update embedding tables from ``IndexedSlices`` gradients: TF1's Adam scatters into its
+slots and then assigns the whole table, its gradient descent scatters into the table,
+Keras's SGD and Adagrad scatter into table and accumulator. Their gradient is rows x width
+for the batch's ids, not the table, so there is no one gradient tensor to synchronize;
+they are found (a variable the loss reads, through a gather or a read, and that a
+batch-dependent write or scatter updates, that no dense rule claimed) and counted, with
+their slots (variables scattered into whose values flow only into that table's update),
+and the compiler places their update ops like any other op.
+
+Why one module: the dense rules and the sparse rule read the same maps of a graph's
+variables (their reads, writes, scatters and uses) and each must leave to the other what
+it does not claim.
 """
 
 from __future__ import annotations
@@ -30,9 +44,12 @@ from tagplan.planner.graph.parsed import ParsedGraph, attr_value, shape_from_pro
 from tagplan.planner.graph.protos import DT_RESOURCE, DTYPE_BYTES, op_registry
 
 __all__ = [
+    "SCATTER_OPS",
     "VARIABLE_OPS",
     "WRITE_OPS",
+    "FoundParameters",
     "ParameterInfo",
+    "SparseParameterInfo",
     "find_parameters",
     "is_variable",
     "variable_bytes",
@@ -51,7 +68,15 @@ WRITE_OPS = frozenset(
         "AssignAdd",
     }
 )
+SCATTER_OPS = frozenset(
+    f"{prefix}Scatter{nd}{kind}"
+    for prefix in ("Resource", "")
+    for nd in ("", "Nd")
+    for kind in ("Add", "Sub", "Update", "Mul", "Div", "Min", "Max")
+)
+"""Ops that write rows of a variable (``indices``, ``updates``) through its first input."""
 _PASS_THROUGH = frozenset({"Identity", "IdentityN"})
+_GATHER_OPS = frozenset({"ResourceGather", "ResourceGatherNd", "Gather", "GatherV2", "GatherNd"})
 
 
 @dataclass(eq=False)
@@ -65,6 +90,27 @@ class ParameterInfo:
     region: list[int] = field(default_factory=list)  # update ops kept with the parameter
     bytes: int = 0
     slot_bytes: int = 0
+
+
+@dataclass(eq=False)
+class SparseParameterInfo:
+    """A trainable variable updated through scatter ops (see the module docstring).
+    Indices are node indices of the parsed graph; ``bytes`` is 0 when the graph gives no
+    shape for the variable (a captured resource that is only gathered and scattered)."""
+
+    variable: int
+    updates: list[int]  # the batch-dependent writes of the variable and of its slots
+    slots: list[int] = field(default_factory=list)
+    bytes: int = 0
+    slot_bytes: int = 0
+
+
+@dataclass(eq=False)
+class FoundParameters:
+    """Every trainable parameter of a graph: dense ones and sparse ones."""
+
+    dense: list[ParameterInfo]
+    sparse: list[SparseParameterInfo]
 
 
 def is_variable(graph: ParsedGraph, node: int) -> bool:
@@ -83,9 +129,15 @@ def variable_source(graph: ParsedGraph, producer: int, slot: int = 0) -> int | N
     return producer if is_variable(graph, producer) else None
 
 
-def variable_bytes(graph: ParsedGraph, reads: dict[int, list[int]], variable: int) -> int:
+def variable_bytes(
+    graph: ParsedGraph,
+    reads: dict[int, list[int]],
+    variable: int,
+    writes: dict[int, list[int]] | None = None,
+) -> int:
     """Bytes of a variable's value: its ``shape``/``dtype`` attributes, the handle data of a
-    captured resource, or else what a read of it (``reads[variable]``) produces."""
+    captured resource, or else what a read of it (``reads[variable]``) produces or a whole
+    write to it (``writes[variable]``: the value assigned) takes."""
     node = graph.nodes[variable]
     shape, dtype = attr_value(node, "shape"), attr_value(node, "dtype")
     if dtype == DT_RESOURCE:
@@ -93,10 +145,14 @@ def variable_bytes(graph: ParsedGraph, reads: dict[int, list[int]], variable: in
         dtypes = attr_value(node, "_handle_dtypes") or []
         shape = shape_from_proto(shapes[0]) if shapes else None
         dtype = dtypes[0] if dtypes else None
-    for read in reads.get(variable, []):
+    values = [(r, 0) for r in reads.get(variable, [])]
+    for write in (writes or {}).get(variable, []):
+        if graph.ops[write] in WRITE_OPS and len(graph.data_inputs[write]) > 1:
+            values.append(graph.data_inputs[write][1])
+    for producer, slot in values:
         if shape is None or dtype is None or -1 in shape:
-            shape = graph.output_shapes[read][0]
-            dtype = graph.output_dtypes[read][0]
+            shape = graph.output_shapes[producer][slot]
+            dtype = graph.output_dtypes[producer][slot]
     if shape is None or dtype is None:
         return 0
     return math.prod(max(d, 0) for d in shape) * DTYPE_BYTES.get(dtype, 4)
@@ -187,11 +243,24 @@ class _Finder:
         self.consumers = graph.consumers()
         self.reads = variable_reads(graph)
         self.writes: dict[int, list[int]] = {}
+        self.scatters: dict[int, list[int]] = {}
+        self.uses: dict[int, list[int]] = {}  # reads, gathers: ops taking the handle to read
         for node, inputs in enumerate(graph.data_inputs):
-            if graph.ops[node] in WRITE_OPS and inputs:
+            op = graph.ops[node]
+            if not inputs:
+                continue
+            if op in WRITE_OPS or op in SCATTER_OPS:
                 variable = variable_source(graph, *inputs[0])
                 if variable is not None:
-                    self.writes.setdefault(variable, []).append(node)
+                    target = self.writes if op in WRITE_OPS else self.scatters
+                    target.setdefault(variable, []).append(node)
+                continue
+            if _gradient_argument(op) is not None or op in _PASS_THROUGH:
+                continue
+            for producer, slot in inputs:
+                variable = variable_source(graph, producer, slot)
+                if variable is not None:
+                    self.uses.setdefault(variable, []).append(node)
 
     def fused(self) -> list[ParameterInfo]:
         graph = self.graph
@@ -225,12 +294,16 @@ class _Finder:
         return found
 
     def _reaches_loss(self, variable: int, loss_ancestors: np.ndarray | None) -> bool:
-        reads = self.reads.get(variable, [])
+        uses = self.uses.get(variable, [])
         if loss_ancestors is not None:
-            return any(loss_ancestors[r] for r in reads)
+            return any(loss_ancestors[u] for u in uses)
         return any(
-            self.touches_batch[consumer] for r in reads for consumer, _, _ in self.consumers[r]
+            self.touches_batch[u] or any(self.touches_batch[c] for c, _, _ in self.consumers[u])
+            for u in uses
         )
+
+    def _scattered_by_batch(self, variable: int) -> bool:
+        return any(self.updated_by_batch[w] for w in self.scatters.get(variable, []))
 
     def decomposed(self) -> list[ParameterInfo]:
         loss_ancestors = _loss_ancestors(self.graph, self.loss) if self.loss is not None else None
@@ -239,6 +312,7 @@ class _Finder:
             for v, writes in self.writes.items()
             if any(self.updated_by_batch[w] for w in writes)
             and self._reaches_loss(v, loss_ancestors)
+            and not self._scattered_by_batch(v)
         ]
         found: list[ParameterInfo] = []
         for variable in candidates:
@@ -249,10 +323,24 @@ class _Finder:
                     f"parameter {self.graph.names[variable]!r} is written by {len(writes)} "
                     f"batch-dependent ops {names}; expected one update"
                 )
-            found.append(self._region(variable, writes[0]))
+            info = self._region(variable, writes[0])
+            if info is not None:
+                found.append(info)
         return found
 
-    def _region(self, variable: int, write: int) -> ParameterInfo:
+    def _gathered(self, variable: int) -> bool:
+        """Is the variable read by rows (an embedding lookup): a gather of its handle or of
+        a read of it?"""
+        return any(
+            self.graph.ops[u] in _GATHER_OPS
+            or any(self.graph.ops[c] in _GATHER_OPS and i == 0 for c, i, _ in self.consumers[u])
+            for u in self.uses.get(variable, [])
+        )
+
+    def _region(self, variable: int, write: int) -> ParameterInfo | None:
+        """The parameter updated by ``write`` with its update region and gradient; None for
+        an embedding table whose update several gradient tensors enter (Keras densifies an
+        ``IndexedSlices`` gradient once per slot): a sparse parameter."""
         graph = self.graph
         region = {write}
         slots: list[int] = []
@@ -289,6 +377,8 @@ class _Finder:
             for producer, slot in graph.data_inputs[node]
             if producer not in region and self.depends[producer]
         }
+        if len(entering) > 1 and self._gathered(variable):
+            return None
         if len(entering) != 1:
             names = sorted(f"{graph.names[p]}:{s}" for p, s in entering)
             raise InvalidInput(
@@ -304,6 +394,62 @@ class _Finder:
             region=sorted(region, key=order.__getitem__),
         )
 
+    def sparse(self, dense: list[ParameterInfo]) -> list[SparseParameterInfo]:
+        """Variables the loss reads and a batch-dependent write or scatter updates, that no
+        dense rule claimed, and the slots of each: variables updated from the batch, which
+        the loss does not read, whose values reach the updates of that one variable only."""
+        claimed = {i.variable for i in dense} | {s for i in dense for s in i.slots}
+        dense_updates = {n for i in dense for n in i.region}
+        loss_ancestors = _loss_ancestors(self.graph, self.loss) if self.loss is not None else None
+        updated = sorted(set(self.writes) | set(self.scatters))
+        batch_writes = {
+            v: [
+                w
+                for w in self.writes.get(v, []) + self.scatters.get(v, [])
+                if self.updated_by_batch[w]
+            ]
+            for v in updated
+            if v not in claimed
+        }
+        tables = [
+            v
+            for v, writes in batch_writes.items()
+            if writes and self._reaches_loss(v, loss_ancestors)
+        ]
+        owner = {w: v for v in tables for w in batch_writes[v]}
+        found = {v: SparseParameterInfo(variable=v, updates=list(batch_writes[v])) for v in tables}
+        for slot, writes in batch_writes.items():
+            if slot in found or not writes:
+                continue
+            owners = self._updates_reached(slot, owner, dense_updates)
+            if len(owners) == 1:
+                info = found[owners.pop()]
+                info.slots.append(slot)
+                info.updates.extend(writes)
+        return [found[v] for v in tables]
+
+    def _updates_reached(
+        self, variable: int, owner: dict[int, int], dense_updates: set[int]
+    ) -> set[int]:
+        """Whose updates the values of ``variable`` flow into, over data edges; a value
+        that also reaches a dense parameter's update is shared optimizer state (a step
+        counter, Adam's powers), nobody's slot."""
+        seen = set(self.uses.get(variable, []))
+        queue = deque(seen)
+        owners: set[int] = set()
+        while queue:
+            node = queue.popleft()
+            if node in owner:
+                owners.add(owner[node])
+                continue
+            if node in dense_updates or _gradient_argument(self.graph.ops[node]) is not None:
+                return set()
+            for consumer, _, _ in self.consumers[node]:
+                if consumer not in seen:
+                    seen.add(consumer)
+                    queue.append(consumer)
+        return owners
+
 
 def find_parameters(
     graph: ParsedGraph,
@@ -311,11 +457,13 @@ def find_parameters(
     batch_inputs: list[int],
     touches_batch: np.ndarray,
     loss: int | None,
-) -> list[ParameterInfo]:
-    """Every trainable parameter with its gradient, apply op and slots.
+) -> FoundParameters:
+    """Every trainable parameter: dense ones with their gradient, apply op and slots, and
+    sparse ones with their updates and slots.
 
     ``touches_batch[n]`` says whether node ``n`` has an input or output carrying the batch
-    dimension; ``loss`` is the loss node when known (needed only for TF2-style graphs).
+    dimension; ``loss`` is the loss node when known (needed for TF2-style graphs, and to
+    tell sparse parameters from state such as batch-norm running averages).
     """
     finder = _Finder(
         graph,
@@ -330,6 +478,18 @@ def find_parameters(
     for info in found:
         info.bytes = variable_bytes(graph, finder.reads, info.variable)
         info.slot_bytes = sum(variable_bytes(graph, finder.reads, slot) for slot in info.slots)
+    sparse = finder.sparse(found) if loss is not None else []
+    for table in sparse:
+        table.bytes = variable_bytes(graph, finder.reads, table.variable, finder.writes)
+        slot_sizes = [variable_bytes(graph, finder.reads, s, finder.writes) for s in table.slots]
+        table.slot_bytes = sum(slot_sizes)
+        if not table.bytes:  # only gathered and scattered: optimizer slots have its shape
+            table.bytes = max(slot_sizes, default=0)
+    if not found and sparse:
+        raise InvalidInput(
+            f"graph updates only sparse parameters ({graph.names[sparse[0].variable]!r}, ...): "
+            "tagplan plans graphs with at least one densely updated parameter"
+        )
     if not found:
         raise InvalidInput(
             "graph has no trainable parameters: no apply op (e.g. ResourceApplyAdam) and no "
@@ -342,4 +502,4 @@ def find_parameters(
                 f"parameter {graph.names[info.variable]!r} is updated by two apply ops"
             )
         seen[info.variable] = info.apply
-    return found
+    return FoundParameters(found, sparse)

@@ -359,7 +359,7 @@ def verify(
     ``seed`` fixes the random batch; ``image_size`` rebuilds a zoo image classifier on
     smaller images (:func:`tagplan.planner.zoo.generate.build`). Bad input raises
     :class:`~tagplan.planner.errors.InvalidInput`, and so does a step estimated not to fit
-    the memory (:mod:`.verify_memory`); a compiled graph that TensorFlow refuses or that
+    the memory (:mod:`.memory`); a compiled graph that TensorFlow refuses or that
     computes something else gives a failing report.
     """
     return verify_many(graph_spec, cluster, [strategy], **options)[0]
