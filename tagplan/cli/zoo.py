@@ -62,9 +62,9 @@ def generate_command(
     with user_errors():
         from tagplan.planner.zoo import generate  # imports TensorFlow
 
-        names = [m.name for m in catalog.list_models()] if name == "all" else [name]
+        names = list(generate.MODELS) if name == "all" else [name]
         if name != "all":
-            catalog.get_model(name)
+            generate.model_spec(name)  # a model the generator knows, committed or not yet
         for model_name in names:
             with console.status(f"generating {model_name}"):
                 model = generate.generate(model_name)

@@ -33,7 +33,7 @@ from tagplan.planner.zoo.catalog import (
 if TYPE_CHECKING:  # the builders import TensorFlow; load them only when building
     from tagplan.planner.zoo.models.common import TrainGraph
 
-__all__ = ["MODELS", "ModelSpec", "build", "generate", "generate_all", "main"]
+__all__ = ["MODELS", "ModelSpec", "build", "generate", "generate_all", "main", "model_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,18 @@ def _tiny_lstm(batch: int) -> TrainGraph:
     from .models import recurrent
 
     return recurrent.build(recurrent.TINY_LSTM, batch)
+
+
+def _wide_deep(batch: int) -> TrainGraph:
+    from .models import recommender
+
+    return recommender.build(recommender.WIDE_DEEP, batch)
+
+
+def _tiny_wide_deep(batch: int) -> TrainGraph:
+    from .models import recommender
+
+    return recommender.build(recommender.TINY_WIDE_DEEP, batch)
 
 
 def _mlp(batch: int) -> TrainGraph:
@@ -171,6 +183,14 @@ MODELS: dict[str, ModelSpec] = {
         "20+20 steps unrolled",
         _gnmt_small,
     ),
+    "wide_deep": ModelSpec(
+        512,
+        "tf1",
+        "Wide-and-deep recommender: 8 categorical features with tables of 10^5-10^6 rows "
+        "(width 32, and wide weights), 13 continuous features, a 1024-512-256 tower, Adam "
+        "with sparse table gradients",
+        _wide_deep,
+    ),
     "mlp": ModelSpec(32, "tf1", "Tiny MLP 784-256-128-10 for tests", _mlp),
     "small_cnn": ModelSpec(
         16, "tf1", "Tiny CNN: 2 conv+pool stages and a dense layer, 32x32x3", _small_cnn
@@ -178,13 +198,19 @@ MODELS: dict[str, ModelSpec] = {
     "tiny_lstm": ModelSpec(
         8, "tf1", "Tiny LSTM seq2seq with attention for tests: 4+3 steps of 16 units", _tiny_lstm
     ),
+    "tiny_wide_deep": ModelSpec(
+        8,
+        "tf1",
+        "Tiny wide-and-deep for tests: 3 categorical features of 30-50 rows, sparse gradients",
+        _tiny_wide_deep,
+    ),
     "mlp_tf2": ModelSpec(
         32, "tf2", "The tiny MLP as a TF2 concrete function with Keras 3 Adam", _mlp_tf2
     ),
 }
 
 
-def _spec(name: str) -> ModelSpec:
+def model_spec(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
@@ -200,7 +226,7 @@ def build(name: str, batch_size: int | None = None, *, image_size: int | None = 
     size-independent (ResNet-101 from 32, Inception-v3 from 75 pixels) on smaller
     images: the same layers and parameters, less computation.
     """
-    spec = _spec(name)
+    spec = model_spec(name)
     batch = batch_size or spec.batch_size
     if image_size is None:
         return spec.builder(batch)
@@ -271,7 +297,7 @@ def generate(name: str, out_dir: pathlib.Path | None = None) -> ZooModel:
     ``out_dir`` defaults to the package directory (the committed zoo); a temporary
     directory gets the same layout, which is how tests compare against the zoo.
     """
-    spec = _spec(name)
+    spec = model_spec(name)
     out = pathlib.Path(out_dir) if out_dir is not None else ZOO_DIR
     start = time.perf_counter()
     graph = spec.builder(spec.batch_size)

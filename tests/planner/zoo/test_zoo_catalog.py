@@ -19,8 +19,8 @@ TAG_BATCH = {
     "bert_small": 96,
     "bert_large": 16,
 }
-BEYOND_TAG = {"gnmt_small": 256}
-TINY = {"mlp": 32, "small_cnn": 16, "tiny_lstm": 8, "mlp_tf2": 32}
+BEYOND_TAG = {"gnmt_small": 256, "wide_deep": 512}
+TINY = {"mlp": 32, "small_cnn": 16, "tiny_lstm": 8, "tiny_wide_deep": 8, "mlp_tf2": 32}
 MIB = 1024 * 1024
 
 
@@ -121,7 +121,9 @@ def test_tf1_models_apply_adam_once_per_parameter(
         ops = list(nodes_by_model[m.name].values())
         if m.style == "tf1":
             assert m.runnable and m.init_node == "init"
-            assert ops.count("ResourceApplyAdam") == m.trainable_variables, m.name
+            # a table with sparse gradients: Adam scatters the rows into m and v
+            sparse_tables = ops.count("ResourceScatterAdd") // 2
+            assert ops.count("ResourceApplyAdam") + sparse_tables == m.trainable_variables
             assert "VariableV2" not in ops
         else:
             assert not m.runnable and m.init_node is None

@@ -19,13 +19,27 @@ def _graph_def(name: str) -> Any:
 
 def _unknown_allowed(node: Any, index: int, by_name: dict[str, Any]) -> bool:
     """FusedBatchNormV3's reserve_space_3 (a backend-dependent scratch buffer) and
-    the unused zeros tf.gradients makes for it are the only tensors of unknown shape."""
+    the unused zeros tf.gradients makes for it are tensors of unknown shape; so are the
+    batch's distinct ids (``Unique``'s first output) and what a sparse update computes
+    from them, whose rows depend on the ids' values."""
     if node.op == "FusedBatchNormV3":
         return index == 5
     if node.op == "ZerosLike":
         name, _, port = node.input[0].partition(":")
         return by_name[name].op == "FusedBatchNormV3" and port == "5"
-    return False
+    return _after_distinct_ids(node.name, by_name, set())
+
+
+def _after_distinct_ids(name: str, by_name: dict[str, Any], seen: set[str]) -> bool:
+    """Does ``name`` depend, over data edges, on the distinct ids of a ``Unique``?"""
+    if name in seen:
+        return False
+    seen.add(name)
+    node = by_name[name]
+    if node.op == "Unique":
+        return True
+    producers = (i.lstrip("^").partition(":")[0] for i in node.input if not i.startswith("^"))
+    return any(_after_distinct_ids(p, by_name, seen) for p in producers)
 
 
 def test_every_output_has_a_static_shape() -> None:

@@ -120,11 +120,14 @@ def build_tf1(
     config: dict[str, Any] | None = None,
     seed: int = 0,
     optimizer: Callable[[], tf.compat.v1.train.Optimizer] | None = None,
+    sparse_gradients: bool = False,
 ) -> TrainGraph:
     """Build ``forward_fn`` in a fresh graph and add backward, the optimizer and ``init``.
 
     ``optimizer`` makes the TF1 optimizer to use instead of Adam (a benchmark that
     reproduces a published configuration trains with plain SGD, for instance).
+    ``sparse_gradients`` keeps embedding gradients as ``IndexedSlices``, which the
+    optimizer applies with scatter ops, instead of densifying them.
 
     Variables are resource variables; every node with outputs carries
     ``_output_shapes``, all static except FusedBatchNormV3's scratch output.
@@ -139,7 +142,9 @@ def build_tf1(
         loss = tf.identity(fwd.loss, name=LOSS_NODE)
         opt = optimizer() if optimizer else tf.compat.v1.train.AdamOptimizer(LEARNING_RATE)
         grads_and_vars = [
-            (_dense_gradient(g), v) for g, v in opt.compute_gradients(loss) if g is not None
+            (g if sparse_gradients else _dense_gradient(g), v)
+            for g, v in opt.compute_gradients(loss)
+            if g is not None
         ]
         if fwd.updates:
             apply_op = opt.apply_gradients(grads_and_vars)
