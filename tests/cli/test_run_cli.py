@@ -60,6 +60,24 @@ def _refused(*args: str) -> str:
 WORKERS = "localhost:1,localhost:2"
 
 
+def test_help_names_every_option_an_operator_needs() -> None:
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    assert result.exit_code == 0, result.output
+    for option in (
+        "--task",
+        "--workers",
+        "--input",
+        "--steps",
+        "--restore",
+        "--save",
+        "--cpu",
+        "--connect-timeout-s",
+        "--step-timeout-s",
+        "--check-replicas",
+    ):
+        assert option in result.output, option
+
+
 def test_a_missing_plan_directory_is_refused(tmp_path: Path) -> None:
     assert "no plan directory" in _refused(
         str(tmp_path / "none"), "--task", "0", "--workers", WORKERS

@@ -51,13 +51,19 @@ CLUSTERS = {
 }
 # (model, strategy, cluster, start from a checkpoint): collectives with unequal shares,
 # a parameter server beside NCCL, parameter servers on three tasks, model parallelism,
-# sufficient-factor broadcast
+# sufficient-factor broadcast, a layer replicated on one machine only, two replicas on one
+# GPU and none on another, a layer computed whole on every GPU, bucketed AllReduces over
+# two sets of GPUs: every option the compiler emits
 CASES = [
     ("mlp", "weights", "two_by_two", False),
     ("small_cnn", "partial-ps", "two_by_two", True),
     ("tiny_lstm", "dp-ps", "three", False),
     ("small_cnn", "model-parallel", "two_by_two", False),
     ("mlp", "sfb", "two_by_two", False),
+    ("small_cnn", "partial", "two_by_two", False),
+    ("mlp", "replicas", "two_by_two", False),
+    ("mlp", "duplicate", "two_by_two", False),
+    ("small_cnn", "bucketed-apart", "two_by_two", False),
 ]
 LAYERS = {"mlp": "dense_2", "small_cnn": "logits", "tiny_lstm": "decoder"}
 
