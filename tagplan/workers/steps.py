@@ -2,8 +2,11 @@
 
 Every step is idempotent: its output is stored under ``(job_id, step)`` and a rerun that
 finds it does nothing, so a redelivered task (worker killed, visibility timeout) repeats
-at most the unfinished work. The planner is imported here, lazily, so the API process that
-only enqueues never loads it.
+at most the unfinished work. The planning work (analysis, search, compile, simulation, and
+with them numba, PuLP, METIS and TensorFlow) is imported here, lazily: the API process, which
+only validates and enqueues, loads the planner's intake modules (graph parsing and analysis,
+topology, profiles, options) and nothing of the search, the compiler or the simulator
+(``tests/service/test_imports.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
@@ -22,6 +25,14 @@ from tagplan.db.session import session_scope
 from tagplan.planner.errors import InvalidInput
 from tagplan.settings import Settings
 from tagplan.workers.monitor import JobMonitor
+
+if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
+    from tagplan.planner.budget import Deadline
+    from tagplan.planner.cost.comm import CommModel
+    from tagplan.planner.cost.profile import ProfileSource
+    from tagplan.planner.graph.ir import GraphIR
+    from tagplan.planner.options import PlanOptions
+    from tagplan.planner.topology import Cluster
 
 __all__ = [
     "JobInputs",
@@ -40,13 +51,13 @@ class JobInputs:
     deadline of its budget (fixed when the job started, shared by every step) and what
     its analyze step prepared for the others (grouping, baselines), if it has run."""
 
-    graph_def: Any
-    ir: Any
-    cluster: Any
-    options: Any
-    profiles: Any = None
-    comm: Any = None
-    deadline: Any = None
+    graph_def: Any  # a GraphDef message of the planner's protobuf descriptors
+    ir: GraphIR
+    cluster: Cluster
+    options: PlanOptions
+    profiles: ProfileSource | None
+    comm: CommModel | None
+    deadline: Deadline
     prepared: dict[str, Any] | None = None
 
 
@@ -105,7 +116,9 @@ def _profile_documents(session: Any, ids: list[str]) -> list[tuple[str, bytes]]:
     return [(row.kind, get_blob(session, row.blob_digest)) for row in rows]
 
 
-def _cost_models(cluster: Any, documents: list[tuple[str, bytes]]) -> tuple[Any, Any]:
+def _cost_models(
+    cluster: Cluster, documents: list[tuple[str, bytes]]
+) -> tuple[ProfileSource | None, CommModel | None]:
     """The op-time source and communication model of the job's profiles (None: analytic)."""
     from tagplan.planner.cost.comm import CommModel
     from tagplan.planner.cost.comm_profile import loads_comm_profile
