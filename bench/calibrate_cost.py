@@ -28,7 +28,7 @@ from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.load import parse_graph_bytes
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import baseline_strategy
-from tagplan.planner.topology import GpuTypeSpec, gpu_type_table, load_cluster
+from tagplan.planner.topology import GpuTypeSpec, load_cluster
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 TOP = 20
@@ -59,8 +59,8 @@ def compare(model: str, profile: Profile, spec: GpuTypeSpec) -> tuple[list[str],
         source.graph_def, batch_size=batch, batch_inputs=source.batch_inputs, loss=source.loss
     )
     measured_by_key = {entry.cost_key: entry.times_s[batch] for entry in profile.ops}
-    costs = OpCostModel(ir, gpu_types={"CPU": spec})
-    estimate = costs.estimate("CPU", batch)
+    costs = OpCostModel.for_gpu_types(ir, [spec])
+    estimate = costs.estimate(costs.type_of(spec.name), batch)
     rows = [
         (measured_by_key[key], float(estimate[op]), ir.op_types[op], key)
         for op, key in enumerate(ir.cost_keys)
@@ -104,7 +104,7 @@ def simulated_vs_measured(model: str, profile: Profile, spec: GpuTypeSpec) -> st
             ],
         }
     )
-    costs = OpCostModel(ir, profiles=InMemoryProfileSource([profile]), gpu_types={"CPU": spec})
+    costs = OpCostModel(ir, cluster, profiles=InMemoryProfileSource([profile]))
     evaluation = Evaluator(ir, cluster, costs=costs).evaluate(
         baseline_strategy("single", ir, cluster, costs)
     )
@@ -119,7 +119,6 @@ def resnet50_sanity() -> list[str]:
     from tagplan.planner.zoo.models.applications import image_classifier
     from tagplan.planner.zoo.models.common import build_tf1
 
-    catalog = gpu_type_table()
     lines = [
         "| GPU | batch | estimated step (ms) | estimated img/s | published img/s | ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -131,7 +130,8 @@ def resnet50_sanity() -> list[str]:
             batch_inputs=[i["name"] for i in graph.inputs],
             loss=graph.loss_node,
         )
-        step = OpCostModel(ir, gpu_types=catalog).op_times(gpu, batch).total_s
+        costs = OpCostModel.for_gpu_types(ir)
+        step = costs.op_times(costs.type_of(gpu), batch).total_s
         rate = batch / step
         lines.append(
             f"| {gpu} | {batch} | {step * 1e3:,.0f} | {rate:,.0f} | {published:,.0f} | "

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.report import write_section
-from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
@@ -131,9 +130,7 @@ def single_gpu(gpu: str) -> dict:
 
 def simulated_step_s(ir: GraphIR, cluster_spec: dict, strategy: str) -> float:
     cluster = load_cluster(cluster_spec)
-    evaluator = Evaluator(
-        ir, cluster, costs=OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
-    )
+    evaluator = Evaluator(ir, cluster)
     evaluation = evaluator.evaluate(baseline_strategy(strategy, ir, cluster, evaluator.costs))
     return evaluation.step_time_s
 

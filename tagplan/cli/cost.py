@@ -48,17 +48,20 @@ def cost_command(
     with user_errors():
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         loaded = [load_profile(path) for path in profile or []]
-        model = OpCostModel(ir, profiles=InMemoryProfileSource(loaded) if loaded else None)
+        model = OpCostModel.for_gpu_types(
+            ir, profiles=InMemoryProfileSource(loaded) if loaded else None
+        )
         for entry in loaded:  # a profile must be of a GPU type the planner knows
-            model.gpu(entry.device.gpu_type)
-        spec = model.gpu(gpu)
-        times = model.op_times(spec.name, ir.batch_size)
+            model.type_of(entry.device.gpu_type)
+        gpu_type = model.type_of(gpu)
+        times = model.op_times(gpu_type, ir.batch_size)
+    gpu_name = model.cluster.type_names[gpu_type]
     memory = op_memory(ir)
     peak = single_device_peak_bytes(ir, memory)
     params = ir.param_bytes
     slots = int(ir.parameters.slot_bytes.sum())
     state = int(memory.persistent_bytes.sum()) - params - slots
-    capacity = int(spec.memory_gib * 2**30)
+    capacity = int(model.cluster.type_memory_bytes[gpu_type])
     flops, bytes_moved = model.work.flops, model.work.bytes_moved
     order = np.argsort(-times.seconds)[:top]
     by_type: dict[str, float] = defaultdict(float)
@@ -66,7 +69,7 @@ def cost_command(
         by_type[ir.op_types[op]] += float(seconds)
     summary = {
         "graph": source.label,
-        "gpu_type": spec.name,
+        "gpu_type": gpu_name,
         "batch_size": ir.batch_size,
         "compute_time_s": times.total_s,
         "flops": float(flops.sum()),
@@ -98,7 +101,7 @@ def cost_command(
         print_json(summary)
         return
     console.print(
-        f"[bold]{source.label}[/] on {spec.name} at batch size {ir.batch_size}: "
+        f"[bold]{source.label}[/] on {gpu_name} at batch size {ir.batch_size}: "
         f"{times.total_s * 1e3:,.1f} ms of compute per step "
         f"({flops.sum() / 1e12:,.2f} TFLOP, {bytes_moved.sum() / 1e9:,.1f} GB moved); "
         f"{100 * times.estimated_fraction:.0f}% of it estimated, "
@@ -127,6 +130,6 @@ def cost_command(
         f"other state {state / MIB:,.1f} MiB, peak activations "
         f"{summary['activation_bytes'] / MIB:,.0f} MiB, framework reserve "
         f"{FRAMEWORK_RESERVE_BYTES / MIB:,.0f} MiB -> "
-        f"{summary['peak_memory_bytes'] / 2**30:,.1f} of {spec.memory_gib:g} GiB"
+        f"{summary['peak_memory_bytes'] / 2**30:,.1f} of {capacity / 2**30:g} GiB"
         + ("" if summary["fits"] else " [bold red](does not fit)[/]")
     )

@@ -44,7 +44,7 @@ class Evaluator:
         reserve_bytes: int = FRAMEWORK_RESERVE_BYTES,
     ) -> None:
         self.ir, self.cluster = ir, cluster
-        self.costs = costs or OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+        self.costs = costs or OpCostModel(ir, cluster)
         self.comm = comm or CommModel(cluster)
         self.compiler = TaskCompiler(ir, cluster, costs=self.costs, comm=self.comm)
         self.use_priority = use_priority

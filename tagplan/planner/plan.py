@@ -160,7 +160,7 @@ class Planner:
         self._phase: str | None = None
         self._phase_started = time.perf_counter()
         self.reference_step_s: float | None = None
-        costs = OpCostModel(ir, profiles=profiles, gpu_types=cluster.to_spec().type_table())
+        costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
         op_time_s = cluster_mean_op_time_s(ir, cluster, costs)

@@ -155,13 +155,13 @@ class TaskCompiler:
         self.gradients = frozenset(ir.parameters.gradient_tensor.tolist())
         self.device_names = list(cluster.device_names)
         self.device_machine = cluster.device_machine.tolist()
-        self.device_type = [cluster.type_names[t] for t in cluster.device_type]
+        costs.check_cluster(cluster)
+        self.device_type = cluster.device_type.tolist()
         efficiency = costs.efficiency
         self.aux_launch_s = efficiency.launch_s
-        self.aux_bandwidth = [
-            costs.gpu(t).memory_bandwidth_gb_per_s * 1e9 * efficiency.memory
-            for t in self.device_type
-        ]
+        self.aux_bytes_per_s = (
+            cluster.device_memory_bandwidth_bytes_per_s * efficiency.memory
+        ).tolist()
         self.links = LinkLayout(cluster)
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self._op_times: dict[tuple[int, int], tuple[list[float], list[bool]]] = {}
@@ -192,7 +192,7 @@ class TaskCompiler:
 
     def aux_seconds(self, device: int, nbytes: int) -> float:
         """A memory-bound auxiliary op (Split/Concat/AddN) moving ``nbytes``."""
-        return self.aux_launch_s + nbytes / self.aux_bandwidth[device]
+        return self.aux_launch_s + nbytes / self.aux_bytes_per_s[device]
 
     def p2p_seconds(self, src: int, dst: int, nbytes: int) -> float:
         """:meth:`CommModel.p2p_time_s`, remembered."""

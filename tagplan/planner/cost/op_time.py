@@ -20,7 +20,7 @@ it was measured.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +30,14 @@ from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.cost.work import GraphWork, graph_work
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.topology import GpuTypeSpec, gpu_type_table
+from tagplan.planner.topology import (
+    Cluster,
+    ClusterSpec,
+    GpuSlot,
+    GpuTypeSpec,
+    MachineSpec,
+    builtin_catalog,
+)
 
 __all__ = ["DEFAULT_EFFICIENCY", "Efficiency", "OpCostModel", "OpTimes"]
 
@@ -91,91 +98,153 @@ class OpTimes:
 
 
 class OpCostModel:
-    """Op times of one analyzed graph on any GPU type, from profiles or the estimate.
+    """Op times of one analyzed graph on the GPU types of one :class:`Cluster`.
 
-    Results are cached per ``(gpu_type, local_batch)``: the search asks for the same few
-    combinations many times.
+    GPU types are the cluster's integer type indices (``cluster.device_type`` holds them
+    per device) and peaks come from the cluster's converted arrays, so nothing in here
+    matches names or converts units. Names meet the model in two places only: a profile
+    is looked up by ``cluster.type_names[t]`` (profiles are files keyed by type name), and
+    :meth:`type_of` turns a user-given name into an index. Results are cached per
+    ``(gpu_type, local_batch)``: the search asks for the same few combinations many times.
     """
 
     def __init__(
         self,
         ir: GraphIR,
+        cluster: Cluster,
         *,
         profiles: ProfileSource | None = None,
-        gpu_types: Mapping[str, GpuTypeSpec] | None = None,
         efficiency: Efficiency = DEFAULT_EFFICIENCY,
     ) -> None:
         self.ir = ir
+        self.cluster = cluster
         self.work: GraphWork = graph_work(ir)
         self.conv: ConvAlgorithms = conv_algorithms(ir, self.work)
         self.profiles = profiles
-        self.gpu_types = dict(gpu_types) if gpu_types is not None else gpu_type_table()
         self.efficiency = efficiency
         self._dense = np.array([f in _DENSE_FORMULAS for f in self.work.formula], dtype=bool)
         self._compute_efficiency = np.where(
             self._dense, efficiency.dense_compute, efficiency.other_compute
         )
         self._free = np.array([f in efficiency.free_formulas for f in self.work.formula])
-        self._cache: dict[tuple[str, int], OpTimes] = {}
+        self._cache: dict[tuple[int, int], OpTimes] = {}
 
-    def gpu(self, gpu_type: str) -> GpuTypeSpec:
-        for name, spec in self.gpu_types.items():
-            if name.lower() == gpu_type.lower():
-                return spec
-        known = ", ".join(sorted(self.gpu_types))
-        raise InvalidInput(f"unknown GPU type {gpu_type!r}; known types: {known}")
+    @classmethod
+    def for_gpu_types(
+        cls,
+        ir: GraphIR,
+        gpu_types: Iterable[GpuTypeSpec] | None = None,
+        *,
+        profiles: ProfileSource | None = None,
+        efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    ) -> OpCostModel:
+        """A model of GPU types outside any allocation (``tagplan cost``, calibration).
 
-    def estimate(self, gpu_type: str, local_batch: int) -> np.ndarray:
-        """The analytic roofline time of every op, ignoring profiles."""
-        spec = self.gpu(gpu_type)
-        flops, bytes_moved = self.work.at_batch(local_batch, self.ir.batch_size)
-        dense_peak = (spec.tf32_tflops or spec.fp32_tflops) * 1e12
-        peak_flops = np.where(self._dense, dense_peak, spec.fp32_tflops * 1e12)
-        bandwidth = spec.memory_bandwidth_gb_per_s * 1e9
-        memory_rate = bandwidth * self.efficiency.memory
-        seconds = np.maximum(
-            flops / (peak_flops * self._compute_efficiency), bytes_moved / memory_rate
+        Its cluster is one machine with one GPU of each type (``None``: every catalog
+        type); a type named like a catalog one replaces it.
+        """
+        specs = list(builtin_catalog().values() if gpu_types is None else gpu_types)
+        if not specs:
+            raise InvalidInput("no GPU types to price ops on")
+        machine = MachineSpec(
+            name="gpu-types",
+            gpus=[GpuSlot(index=i, type=spec.name) for i, spec in enumerate(specs)],
+            intra_bandwidth_gbps=1,
         )
-        seconds = np.minimum(seconds, self._winograd_s(spec, flops, bytes_moved, local_batch))
+        cluster = Cluster.from_spec(ClusterSpec(gpu_types=specs, machines=[machine]))
+        return cls(ir, cluster, profiles=profiles, efficiency=efficiency)
+
+    def type_of(self, name: str) -> int:
+        """The cluster's index of GPU type ``name`` (any case), for names given by users."""
+        folded = name.casefold()
+        for t, type_name in enumerate(self.cluster.type_names):
+            if type_name.casefold() == folded:
+                return t
+        known = ", ".join(sorted(self.cluster.type_names))
+        raise InvalidInput(f"unknown GPU type {name!r}; known types: {known}")
+
+    def check_cluster(self, cluster: Cluster) -> None:
+        """Fail unless ``cluster`` numbers GPU types as this model does."""
+        if cluster is not self.cluster and cluster.type_names != self.cluster.type_names:
+            raise InvalidInput(
+                f"the cost model prices GPU types {list(self.cluster.type_names)}, "
+                f"the cluster has {list(cluster.type_names)}"
+            )
+
+    def _check_type(self, gpu_type: int) -> int:
+        if not 0 <= gpu_type < self.cluster.num_types:
+            raise InvalidInput(
+                f"GPU type index {gpu_type} out of range; the cluster has "
+                f"{self.cluster.num_types} types: {', '.join(self.cluster.type_names)}"
+            )
+        return int(gpu_type)
+
+    def estimate(self, gpu_type: int, local_batch: int) -> np.ndarray:
+        """The analytic roofline time of every op on type index ``gpu_type``, no profiles."""
+        t = self._check_type(gpu_type)
+        cluster = self.cluster
+        flops, bytes_moved = self.work.at_batch(local_batch, self.ir.batch_size)
+        fp32_flops_per_s = float(cluster.type_peak_fp32_flops[t])
+        peak_flops_per_s = np.where(
+            self._dense, float(cluster.type_peak_tf32_flops[t]), fp32_flops_per_s
+        )
+        memory_bytes_per_s = (
+            float(cluster.type_memory_bandwidth_bytes_per_s[t]) * self.efficiency.memory
+        )
+        seconds = np.maximum(
+            flops / (peak_flops_per_s * self._compute_efficiency),
+            bytes_moved / memory_bytes_per_s,
+        )
+        if cluster.type_winograd[t]:
+            winograd_s = self._winograd_s(
+                fp32_flops_per_s, memory_bytes_per_s, flops, bytes_moved, local_batch
+            )
+            seconds = np.minimum(seconds, winograd_s)
         seconds = seconds + self.efficiency.launch_s
         seconds[self._free] = 0.0
         return seconds
 
     def _winograd_s(
-        self, spec: GpuTypeSpec, flops: np.ndarray, bytes_moved: np.ndarray, local_batch: int
+        self,
+        fp32_flops_per_s: float,
+        memory_bytes_per_s: float,
+        flops: np.ndarray,
+        bytes_moved: np.ndarray,
+        local_batch: int,
     ) -> np.ndarray:
         """The faster Winograd algorithm's time per op (inf where cuDNN offers none).
 
         Its products run on the FP32 pipeline at the dense efficiency: fused in one
         kernel over the compulsory traffic, non-fused as a product plus transform kernels
         that write and read every transformed tensor (:mod:`.conv_algo`).
+        ``memory_bytes_per_s`` is the achieved bandwidth (efficiency applied).
         """
         conv = self.conv
-        if not spec.winograd:
-            return np.full(self.ir.num_ops, np.inf)
-        rate = spec.fp32_tflops * 1e12 * self.efficiency.dense_compute
-        memory_rate = spec.memory_bandwidth_gb_per_s * 1e9 * self.efficiency.memory
-        fused = np.maximum(flops * conv.fused_factor / rate, bytes_moved / memory_rate)
+        rate = fp32_flops_per_s * self.efficiency.dense_compute
+        fused = np.maximum(flops * conv.fused_factor / rate, bytes_moved / memory_bytes_per_s)
         transforms = conv.transform_bytes_at(local_batch, self.ir.batch_size)
-        nonfused = flops * conv.nonfused_factor / rate + (bytes_moved + transforms) / memory_rate
+        nonfused = (
+            flops * conv.nonfused_factor / rate + (bytes_moved + transforms) / memory_bytes_per_s
+        )
         return np.where(
             conv.eligible,
             np.where(conv.fused_factor > 0, np.minimum(fused, nonfused), nonfused),
             np.inf,
         )
 
-    def op_times(self, gpu_type: str, local_batch: int) -> OpTimes:
-        """Seconds per op on ``gpu_type`` with ``local_batch`` examples on this replica."""
-        if local_batch <= 0:
-            raise InvalidInput(f"local batch size must be positive, got {local_batch}")
-        key = (gpu_type.lower(), local_batch)
+    def op_times(self, gpu_type: int, local_batch: int) -> OpTimes:
+        """Seconds per op on type index ``gpu_type`` with ``local_batch`` examples on this
+        replica; a profile of the type's name wins over the estimate."""
+        key = (int(gpu_type), local_batch)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        if local_batch <= 0:
+            raise InvalidInput(f"local batch size must be positive, got {local_batch}")
         seconds = self.estimate(gpu_type, local_batch)
         measured = np.zeros(self.ir.num_ops, dtype=bool)
         if self.profiles is not None:
-            name = self.gpu(gpu_type).name
+            name = self.cluster.type_names[key[0]]  # profiles are keyed by type name
             for op, cost_key in enumerate(self.ir.cost_keys):
                 found = self.profiles.lookup(cost_key, name, local_batch)
                 if found is not None:

@@ -63,7 +63,7 @@ class ActionSpace:
         self.cluster = cluster
         local = max(1, ir.batch_size // cluster.num_devices)
         type_speed = {
-            t: 1.0 / max(costs.op_times(str(cluster.type_names[t]), local).total_s, 1e-12)
+            t: 1.0 / max(costs.op_times(t, local).total_s, 1e-12)
             for t in set(cluster.device_type.tolist())
         }
         self.device_speed = np.array([type_speed[int(t)] for t in cluster.device_type])

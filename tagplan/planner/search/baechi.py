@@ -45,10 +45,9 @@ __all__ = ["favourite_children", "m_etf", "m_sct", "m_topo", "sct_schedule"]
 def _device_times(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
     """Seconds of every op on every device (devices x ops), at the full batch."""
     by_type = {
-        str(name): costs.op_times(str(name), ir.batch_size).seconds
-        for name in set(cluster.type_names[t] for t in cluster.device_type)
+        t: costs.op_times(t, ir.batch_size).seconds for t in set(cluster.device_type.tolist())
     }
-    return np.stack([by_type[str(cluster.type_names[t])] for t in cluster.device_type])
+    return np.stack([by_type[t] for t in cluster.device_type.tolist()])
 
 
 def _unit_memory(ir: GraphIR, units: np.ndarray) -> np.ndarray:

@@ -41,8 +41,8 @@ def _all_groups(cluster: Cluster) -> list[int]:
     return list(range(cluster.num_groups))
 
 
-def _device_type(cluster: Cluster, device: int) -> str:
-    return str(cluster.type_names[cluster.device_type[device]])
+def _device_type(cluster: Cluster, device: int) -> int:
+    return int(cluster.device_type[device])
 
 
 def single_gpu(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:

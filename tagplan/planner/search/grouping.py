@@ -153,7 +153,7 @@ def _topological_numbering(groups: np.ndarray) -> np.ndarray:
 def cluster_mean_op_time_s(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
     """Each op's time at the job's batch averaged over the cluster's GPU types (TAG §4.1.1:
     "total computation time, averaged over measured running time on different devices")."""
-    types = sorted({str(cluster.type_names[t]) for t in cluster.device_type})
+    types = sorted(set(cluster.device_type.tolist()))
     return np.mean([costs.op_times(t, ir.batch_size).seconds for t in types], axis=0)
 
 

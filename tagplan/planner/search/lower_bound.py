@@ -38,12 +38,12 @@ class LowerBound:
 
 def lower_bound(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> LowerBound:
     """The step-time bound of the module docstring for ``ir`` on ``cluster``."""
-    type_names = [str(cluster.type_names[t]) for t in cluster.device_type]
-    per_type = {name: costs.op_times(name, ir.batch_size).seconds for name in set(type_names)}
+    device_types = cluster.device_type.tolist()
+    per_type = {t: costs.op_times(t, ir.batch_size).seconds for t in sorted(set(device_types))}
     # rate of each op over the whole cluster: sum over GPUs of 1 / t_d(op)
     rate = np.zeros(ir.num_ops)
-    for name in type_names:
-        times = per_type[name]
+    for t in device_types:
+        times = per_type[t]
         rate += np.where(times > 0, 1.0 / np.maximum(times, 1e-30), 0.0)
     fastest = np.min(np.stack(list(per_type.values())), axis=0)
     splittable = ir.split_category != SplitCategory.NONE
@@ -58,7 +58,7 @@ def lower_bound(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> LowerBound
         )
         finish[op] = start + weight[op]
     critical = float(finish.max()) if ir.num_ops else 0.0
-    totals = np.array([per_type[name].sum() for name in type_names])
+    totals = np.array([per_type[t].sum() for t in device_types])
     spread = float(1.0 / np.sum(1.0 / totals[totals > 0])) if (totals > 0).any() else 0.0
     return LowerBound(
         step_time_s=max(critical, spread), critical_path_s=critical, perfect_spread_s=spread

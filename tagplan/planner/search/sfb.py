@@ -284,7 +284,7 @@ def apply_sfb(
         per_type = []
         for t in sorted({int(cluster.device_type[d]) for d in gpus.tolist()}):
             if (t, local) not in times:
-                times[t, local] = costs.op_times(str(cluster.type_names[t]), local).seconds
+                times[t, local] = costs.op_times(t, local).seconds
             per_type.append(times[t, local])
         slowest = max(per_type, key=lambda seconds: float(seconds.sum()))
         decisions.append(

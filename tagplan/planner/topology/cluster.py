@@ -76,6 +76,12 @@ class Cluster:
     """(T,) float64: peak FP32 FLOP/s."""
     type_peak_fp16_flops: np.ndarray
     """(T,) float64: peak FP16 FLOP/s (dense tensor-core rate; FP32 rate when unknown)."""
+    type_peak_tf32_flops: np.ndarray
+    """(T,) float64: peak FLOP/s of float32 convolutions and matrix products (the dense
+    TF32 tensor-core rate TensorFlow uses by default; FP32 rate when the GPU has none)."""
+    type_winograd: np.ndarray
+    """(T,) bool: the GPU's convolution library offers Winograd algorithms for 3x3
+    convolutions (:mod:`tagplan.planner.cost.conv_algo`)."""
     type_memory_bytes: np.ndarray
     """(T,) int64: device memory."""
     type_memory_bandwidth_bytes_per_s: np.ndarray
@@ -145,6 +151,11 @@ class Cluster:
             np.array([t.fp16_tflops or t.fp32_tflops for t in types], dtype=np.float64)
             * FLOPS_PER_TFLOPS
         )
+        type_tf32 = (
+            np.array([t.tf32_tflops or t.fp32_tflops for t in types], dtype=np.float64)
+            * FLOPS_PER_TFLOPS
+        )
+        type_winograd = np.array([t.winograd for t in types], dtype=bool)
         type_mem = np.array([gib_to_bytes(t.memory_gib) for t in types], dtype=np.int64)
         type_mem_bw = (
             np.array([t.memory_bandwidth_gb_per_s for t in types], dtype=np.float64) * BYTES_PER_GB
@@ -193,6 +204,8 @@ class Cluster:
             type_names=type_names,
             type_peak_fp32_flops=_frozen(type_fp32),
             type_peak_fp16_flops=_frozen(type_fp16),
+            type_peak_tf32_flops=_frozen(type_tf32),
+            type_winograd=_frozen(type_winograd),
             type_memory_bytes=_frozen(type_mem),
             type_memory_bandwidth_bytes_per_s=_frozen(type_mem_bw),
             device_names=tuple(

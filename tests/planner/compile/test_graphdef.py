@@ -66,7 +66,7 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
     everywhere = GroupDecision(device_groups=[0, 1], option=AR)
     apart = layer_ops(ir, layer)
     if name in ("dp-nccl", "dp-ps"):
-        costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+        costs = OpCostModel(ir, cluster)
         return baseline_strategy(name, ir, cluster, costs)
     if name == "replicas":  # two replicas on one GPU, none on another
         return Strategy(
@@ -160,7 +160,7 @@ def batch_rows(node) -> int:
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_instances_and_auxiliary_ops_agree_with_the_task_graph(model, name, cluster) -> None:
     ir, resolved, distributed = compiled(model, name, cluster)
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     tasks = compile_tasks(ir, cluster, resolved, costs=costs)
     graph, placement = tasks.task_graph, distributed.placement
     by_name = nodes(distributed)
@@ -319,7 +319,7 @@ def test_the_byte_cap_splits_buckets_in_both_back_ends(cluster) -> None:
     )
     resolved = resolve(capped, ir, cluster)
     distributed = compile_graphdef(graph_def, ir, cluster, resolved)
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     graph = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
     tasks = [int(n.rsplit(" ", 1)[1]) for n in graph.task_names if n.startswith("bucket of ")]
     barriers = bucket_barriers(distributed)

@@ -48,7 +48,7 @@ def test_the_tables_are_sparse_parameters(ir) -> None:
 @pytest.mark.slow
 def test_plans_of_the_tables_train_as_the_single_device_graph(ir) -> None:
     cluster = load_cluster(TWO_MACHINES)
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     strategies = [baseline_strategy(n, ir, cluster, costs) for n in ("dp-nccl", "dp-ps", "m-etf")]
     reports = verify_many_apart("zoo:tiny_wide_deep", cluster, strategies, batch_size=6)
     for report in reports:

@@ -65,7 +65,7 @@ def test_data_parallelism_reduces_each_gradient_once(ir, cluster) -> None:
     resolved = resolve(DATA_PARALLEL, ir, cluster)
     placement = place(ir, resolved)
     assert all(placement.op_mode[op] == Mode.SPLIT for op in _accumulators(ir))
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     graph = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
     collectives = np.flatnonzero(graph.task_kind == COLLECTIVE)
     reduced = sorted(graph.task_names[i].split()[1].rsplit(":", 1)[0] for i in collectives)

@@ -58,7 +58,7 @@ def ir():
 
 def compiled(ir, cluster, decision: GroupDecision):
     resolved = resolve(Strategy(default=decision), ir, cluster)
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     result = compile_tasks(ir, cluster, resolved, costs=costs)
     result.task_graph.validate()
     return result, costs
@@ -72,7 +72,7 @@ def test_single_gpu_step_is_the_sum_of_op_times(ir, cluster) -> None:
     graph = tasks.task_graph
     assert (graph.task_kind == COMPUTE).all() and (graph.task_device == 0).all()
     assert graph.num_tasks == ir.num_ops
-    expected = costs.op_times("T4", BATCH).total_s
+    expected = costs.op_times(costs.type_of("T4"), BATCH).total_s
     assert simulate(graph).step_time_s == pytest.approx(expected)
 
 
@@ -202,7 +202,7 @@ def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cl
         GroupDecision(device_groups=[0, 1], option=Option.DUPLICATE),
         GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE),
     ]
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     reused = TaskCompiler(ir, cluster, costs=costs)
     for decision in decisions:
         resolved = resolve(Strategy(default=decision), ir, cluster)
@@ -257,7 +257,7 @@ class TestBucketsAcrossGroups:
         )
         resolved = resolve(strategy, ir, cluster)
         assert len(set(resolved.op_group.tolist())) == 2
-        costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+        costs = OpCostModel(ir, cluster)
         graph = compile_tasks(ir, cluster, resolved, costs=costs).task_graph
         graph.validate()
         # the gradients' AllReduces (the loss halves are summed by AllReduces too)

@@ -123,8 +123,8 @@ def test_transform_bytes_by_hand() -> None:
 
 def test_compute_bound_convolution_takes_the_non_fused_time() -> None:
     ir = conv_ir(8, 16, 32)
-    model = OpCostModel(ir, gpu_types={"COMPUTE": COMPUTE}, efficiency=PLAIN)
-    seconds = model.estimate("COMPUTE", B)
+    model = OpCostModel.for_gpu_types(ir, [COMPUTE], efficiency=PLAIN)
+    seconds = model.estimate(0, B)
     direct = model.work.flops / 1e12
     for name in ("e", "dx", "dk"):
         i = ir.op_index(name)
@@ -134,9 +134,9 @@ def test_compute_bound_convolution_takes_the_non_fused_time() -> None:
 def test_a_gpu_without_winograd_keeps_the_direct_time() -> None:
     ir = conv_ir(8, 16, 32)
     plain = COMPUTE.model_copy(update={"winograd": False})
-    model = OpCostModel(ir, gpu_types={"COMPUTE": plain}, efficiency=PLAIN)
+    model = OpCostModel.for_gpu_types(ir, [plain], efficiency=PLAIN)
     i = ir.op_index("e")
-    assert model.estimate("COMPUTE", B)[i] == pytest.approx(model.work.flops[i] / 1e12, rel=1e-3)
+    assert model.estimate(0, B)[i] == pytest.approx(model.work.flops[i] / 1e12, rel=1e-3)
 
 
 def test_transforms_that_cost_more_than_they_save_leave_the_direct_algorithm() -> None:
@@ -146,19 +146,19 @@ def test_transforms_that_cost_more_than_they_save_leave_the_direct_algorithm() -
     slow_memory = GpuTypeSpec(
         name="SLOWMEM", fp32_tflops=10, memory_bandwidth_gb_per_s=100, memory_gib=1
     )
-    model = OpCostModel(ir, gpu_types={"SLOWMEM": slow_memory}, efficiency=PLAIN)
+    model = OpCostModel.for_gpu_types(ir, [slow_memory], efficiency=PLAIN)
     i = ir.op_index("e")
     flops, moved = model.work.flops[i], model.work.bytes_moved[i]
     direct = max(flops / 1e13, moved / 1e11)
-    assert model.estimate("SLOWMEM", B)[i] == pytest.approx(direct)
+    assert model.estimate(0, B)[i] == pytest.approx(direct)
 
 
 def test_tensor_cores_faster_than_winograd_keep_the_direct_time() -> None:
     ir = conv_ir(8, 16, 32)
     tf32 = COMPUTE.model_copy(update={"tf32_tflops": 8.0})
-    model = OpCostModel(ir, gpu_types={"COMPUTE": tf32}, efficiency=PLAIN)
+    model = OpCostModel.for_gpu_types(ir, [tf32], efficiency=PLAIN)
     i = ir.op_index("e")
-    assert model.estimate("COMPUTE", B)[i] == pytest.approx(model.work.flops[i] / 8e12, rel=1e-3)
+    assert model.estimate(0, B)[i] == pytest.approx(model.work.flops[i] / 8e12, rel=1e-3)
 
 
 def test_docs_state_the_rule_of_the_code() -> None:

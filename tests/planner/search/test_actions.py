@@ -50,12 +50,12 @@ def test_mixed_gpu_replicas_get_speed_proportional_shares() -> None:
             "network": {"bandwidth_gbps": 10},
         }
     )
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     space = ActionSpace(ir, cluster, costs)
     both = space.decision(Action((0, 1), Option.REPLICATE_ALLREDUCE))
     local = ir.batch_size // 2
-    v100 = 1 / costs.op_times("V100-32GB", local).total_s
-    t4 = 1 / costs.op_times("T4", local).total_s
+    v100 = 1 / costs.op_times(costs.type_of("V100-32GB"), local).total_s
+    t4 = 1 / costs.op_times(costs.type_of("T4"), local).total_s
     weights = both.batch_weights
     assert weights is not None
     assert weights[cluster.device_names[0]] / weights[cluster.device_names[1]] == v100 / t4

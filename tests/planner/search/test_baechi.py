@@ -63,7 +63,7 @@ def small_gpus(memory_gib: float, count: int = 4):
 def test_units_stay_together_and_every_op_is_placed(placer) -> None:
     ir = zoo("resnet101")
     cluster = load_cluster("testbed")
-    devices = placed_devices(placer(ir, cluster, OpCostModel(ir)), ir, cluster)
+    devices = placed_devices(placer(ir, cluster, OpCostModel(ir, cluster)), ir, cluster)
     assert (devices >= 0).all()
     units = atoms_of(ir)
     for unit in np.unique(units)[:200]:
@@ -73,9 +73,7 @@ def test_units_stay_together_and_every_op_is_placed(placer) -> None:
 def test_m_topo_fills_gpus_in_order_within_their_memory() -> None:
     ir = zoo("vgg19")
     cluster = small_gpus(memory_gib=16)
-    devices = placed_devices(
-        m_topo(ir, cluster, OpCostModel(ir, gpu_types=cluster.to_spec().type_table())), ir, cluster
-    )
+    devices = placed_devices(m_topo(ir, cluster, OpCostModel(ir, cluster)), ir, cluster)
     first = [int(np.flatnonzero(devices == d)[0]) for d in np.unique(devices)]
     assert first == sorted(first)  # device ids increase along the topological order
     assert len(np.unique(devices)) > 1  # VGG19's tensors at batch 96 need several GPUs
@@ -97,7 +95,7 @@ def test_m_etf_keeps_a_chain_on_the_fastest_gpu() -> None:
             "network": {"bandwidth_gbps": 10},
         }
     )
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     devices = placed_devices(m_etf(ir, cluster, costs), ir, cluster)
     assert set(devices.tolist()) == {1}
 

@@ -22,7 +22,7 @@ def test_dp_ps_spreads_parameter_bytes_over_machines_then_gpus() -> None:
     ]
     cluster = load_cluster({"machines": machines, "network": {"bandwidth_gbps": 10}})
     _, ir = committed("inception_v3")
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     resolved = resolve(dp_ps(ir, cluster, costs), ir, cluster)
     shard = resolved.group_ps_device[resolved.op_group[ir.parameters.variable_op]]
     assert (shard >= 0).all()

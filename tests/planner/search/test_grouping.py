@@ -19,7 +19,8 @@ from tagplan.planner.search.grouping import group_ops
 def zoo(name: str) -> tuple[GraphIR, np.ndarray]:
     source = load_graph_source(f"zoo:{name}")
     ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
-    return ir, OpCostModel(ir).op_times("V100-32GB", ir.batch_size).seconds
+    costs = OpCostModel.for_gpu_types(ir)
+    return ir, costs.op_times(costs.type_of("V100-32GB"), ir.batch_size).seconds
 
 
 @pytest.mark.parametrize("name", ["resnet101", "bert_large"])

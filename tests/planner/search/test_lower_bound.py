@@ -29,9 +29,9 @@ def two_gpus(kind_a: str, kind_b: str):
 def test_perfect_spread_over_two_gpus_by_hand() -> None:
     ir = analyze(graph_def(dense_graph()))
     cluster = two_gpus("V100-32GB", "T4")
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
-    v100 = costs.op_times("V100-32GB", ir.batch_size).total_s
-    t4 = costs.op_times("T4", ir.batch_size).total_s
+    costs = OpCostModel(ir, cluster)
+    v100 = costs.op_times(costs.type_of("V100-32GB"), ir.batch_size).total_s
+    t4 = costs.op_times(costs.type_of("T4"), ir.batch_size).total_s
     bound = lower_bound(ir, cluster, costs)
     assert bound.perfect_spread_s == pytest.approx(1 / (1 / v100 + 1 / t4))
     assert bound.step_time_s == max(bound.critical_path_s, bound.perfect_spread_s)

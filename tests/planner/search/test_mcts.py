@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
@@ -33,7 +34,8 @@ def make_search(
     ir = zoo_ir(model)
     evaluator = Evaluator(ir, cluster)
     reference = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
-    grouping = group_ops(ir, evaluator.costs.op_times("V100-32GB", ir.batch_size).seconds)
+    catalog = OpCostModel.for_gpu_types(ir)  # V100 times group ops whatever the cluster
+    grouping = group_ops(ir, catalog.op_times(catalog.type_of("V100-32GB"), ir.batch_size).seconds)
     space = ActionSpace(ir, cluster, evaluator.costs)
     return StrategySearch(
         evaluator,
@@ -172,7 +174,9 @@ def test_more_model_parallelism_until_the_step_fits() -> None:
     # (1.25 GiB with the reserve) and overflow; split over the GPUs the step fits
     cluster = gpus("SMALL", 2, 2, memory_gib=1.2)
     evaluator = Evaluator(ir, cluster)
-    grouping = group_ops(ir, evaluator.costs.op_times("SMALL", ir.batch_size).seconds)
+    grouping = group_ops(
+        ir, evaluator.costs.op_times(evaluator.costs.type_of("SMALL"), ir.batch_size).seconds
+    )
     space = ActionSpace(ir, cluster, evaluator.costs)
     search = StrategySearch(evaluator, grouping, space, reference_step_s=1.0)
     everywhere = space.actions.index(Action((0, 1), Option.REPLICATE_ALLREDUCE))

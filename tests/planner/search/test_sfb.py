@@ -65,7 +65,7 @@ def test_compiled_sfb_removes_the_allreduce() -> None:
             "network": {"bandwidth_gbps": 10},
         }
     )
-    costs = OpCostModel(ir, gpu_types=cluster.to_spec().type_table())
+    costs = OpCostModel(ir, cluster)
     decisions = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
     plain = Strategy(default=decisions)
     sfb = Strategy(default=decisions, sfb={"w": list(decision.duplicate_ops)})

@@ -90,6 +90,28 @@ class TestDevices:
             }
         )
         assert c.type_peak_fp16_flops[0] == c.type_peak_fp32_flops[0] == 2e12
+        assert c.type_peak_tf32_flops[0] == 2e12  # no TF32 tensor cores: the FP32 rate
+        assert c.type_winograd.dtype == bool and c.type_winograd[0]
+
+    def test_tf32_peak_and_winograd_per_type(self) -> None:
+        c = load_cluster(
+            {
+                "gpu_types": [
+                    {
+                        "name": "X",
+                        "fp32_tflops": 2,
+                        "tf32_tflops": 8,
+                        "memory_bandwidth_gb_per_s": 1,
+                        "memory_gib": 1,
+                        "winograd": False,
+                    }
+                ],
+                "machines": [
+                    {"name": "a", "gpus": {"type": "X", "count": 1}, "intra_bandwidth_gbps": 1}
+                ],
+            }
+        )
+        assert c.type_peak_tf32_flops[0] == 8e12 and not c.type_winograd[0]
 
     def test_arrays_are_read_only(self) -> None:
         c = three_machines()
