@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.topology import Cluster
+from tagplan.planner.validation import describe_validation_error
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -143,9 +144,7 @@ def load_strategy(data: str | bytes | dict) -> Strategy:
             return Strategy.model_validate(data)
         return Strategy.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidInput(f"invalid strategy: {where}: {first['msg']}") from None
+        raise InvalidInput(describe_validation_error(exc, "strategy", limit=5)) from None
 
 
 class Mode(IntEnum):

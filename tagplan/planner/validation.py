@@ -1,6 +1,7 @@
-"""One wording for every input the engine validates with pydantic (cluster specs, profiles,
-communication profiles): ``invalid <subject>: <where>: <what>; ...``, one entry per problem,
-the location in the input's own terms (``machines[1] (m1).gpus.count``)."""
+"""One wording for every input validated with pydantic (cluster specs, profiles,
+communication profiles, strategies, the API's requests): ``invalid <subject>: <where>:
+<what>; ...``, one entry per problem, the location in the input's own terms
+(``machines[1] (m1).gpus.count``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-__all__ = ["describe_validation_error", "dotted_location"]
+__all__ = ["MAX_SHOWN_CHARS", "describe_errors", "describe_validation_error", "dotted_location"]
+
+MAX_SHOWN_CHARS = 80
+"""The longest echo of a refused input value in a message."""
 
 
 def dotted_location(loc: Sequence[Any]) -> str:
@@ -25,16 +29,22 @@ def dotted_location(loc: Sequence[Any]) -> str:
     return text
 
 
-def describe_validation_error(
-    exc: ValidationError,
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`MAX_SHOWN_CHARS` (an input may be a whole document)."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+def describe_errors(
+    errors: Sequence[Mapping[str, Any]],
     subject: str,
     *,
     location: Callable[[Sequence[Any]], str] = dotted_location,
     unknown_field: str = "unknown field",
     limit: int | None = None,
 ) -> str:
-    """The problems of ``exc`` in one line (at most ``limit`` of them, then a count)."""
-    errors = exc.errors(include_url=False)
+    """pydantic's error entries (``type``, ``loc``, ``msg``, ``input``) in one line, at
+    most ``limit`` of them, then a count; FastAPI's request errors have the same shape."""
     problems = []
     for error in errors[:limit]:
         kind, message = error["type"], error["msg"]
@@ -45,9 +55,27 @@ def describe_validation_error(
         elif kind == "missing":
             message = "required field is missing"
         elif not isinstance(error.get("input"), Mapping | list):
-            message = f"{message} (got {error.get('input')!r})"
+            message = f"{message} (got {_shown(error.get('input'))})"
         where = location(error["loc"])
         problems.append(f"{where}: {message}" if where else message)
     if limit is not None and len(errors) > limit:
         problems.append(f"... and {len(errors) - limit} more")
-    return f"invalid {subject}: " + "; ".join(problems)
+    return f"invalid {subject}: " + "; ".join(problems) if problems else f"invalid {subject}"
+
+
+def describe_validation_error(
+    exc: ValidationError,
+    subject: str,
+    *,
+    location: Callable[[Sequence[Any]], str] = dotted_location,
+    unknown_field: str = "unknown field",
+    limit: int | None = None,
+) -> str:
+    """The problems of ``exc`` in one line (:func:`describe_errors`)."""
+    return describe_errors(
+        exc.errors(include_url=False),
+        subject,
+        location=location,
+        unknown_field=unknown_field,
+        limit=limit,
+    )

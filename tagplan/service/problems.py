@@ -7,6 +7,7 @@ so clients parse one shape: ``{"type", "title", "status", "detail", ...}``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tagplan.planner.errors import Infeasible, InvalidInput, PlannerError
+from tagplan.planner.validation import describe_errors, dotted_location
 
 __all__ = ["PROBLEM_JSON", "Problem", "install_problem_handlers", "problem_response"]
 
@@ -50,12 +52,17 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
+def _request_location(loc: Sequence[Any]) -> str:
+    """The location inside the request: ``options.budget_s`` for the body's fields (no
+    ``body.`` prefix), ``query.limit`` for a query parameter."""
+    parts = tuple(loc)
+    return dotted_location(parts[1:] if parts[:1] == ("body",) else parts)
+
+
 def _validation_detail(exc: RequestValidationError) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
-    return "; ".join(parts) or "invalid request"
+    """The request's problems in the wording of every validated input
+    (:func:`~tagplan.planner.validation.describe_errors`)."""
+    return describe_errors(exc.errors(), "request", location=_request_location)
 
 
 def install_problem_handlers(app: FastAPI) -> None:

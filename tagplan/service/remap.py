@@ -4,7 +4,8 @@ Two clusters with one canonical fingerprint differ only in machine names, machin
 and GPU numbering; :class:`~tagplan.planner.topology.CanonicalOrder` relates each to the
 canonical numbering, so device group ``g`` of the source is group
 ``target.canonical_to_group[source.group_to_canonical[g]]`` of the target, and likewise for
-devices. Every device group index and device name in the strategy is rewritten that way.
+devices. :func:`~tagplan.planner.strategy_remap.remap_strategy` rewrites every device group
+index and device name of the strategy that way.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import json
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.strategy import load_strategy
+from tagplan.planner.strategy_remap import remap_strategy
 from tagplan.planner.topology import CanonicalOrder, Cluster, canonical_order, parse_cluster_spec
 
 __all__ = ["ClusterMapping", "cluster_from_spec_json"]
@@ -37,7 +38,7 @@ class ClusterMapping:
         (src, a), (dst, b) = source, target
         if a.fingerprint != b.fingerprint:
             raise InvalidInput("the clusters differ; a strategy cannot be remapped between them")
-        self.groups: np.ndarray = b.canonical_to_group[a.group_to_canonical]
+        self.groups: list[int] = b.canonical_to_group[a.group_to_canonical].tolist()
         devices = b.canonical_to_device[a.device_to_canonical]
         self.device_names = {
             src.device_names[i]: dst.device_names[int(devices[i])] for i in range(len(devices))
@@ -45,29 +46,11 @@ class ClusterMapping:
 
     def strategy(self, document: dict[str, Any]) -> dict[str, Any]:
         """A strategy JSON document with every group index and device name rewritten."""
-        out = dict(document)
-        out["groups"] = [
-            {**group, "decision": self._decision(group["decision"])}
-            for group in document.get("groups", [])
-        ]
-        if document.get("default") is not None:
-            out["default"] = self._decision(document["default"])
-        return out
+        strategy = remap_strategy(
+            load_strategy(document), device_groups=self.groups, devices=self.device_names
+        )
+        return strategy.model_dump(mode="json", exclude_none=True)
 
     def per_device(self, values: dict[str, Any]) -> dict[str, Any]:
         """A mapping keyed by device name (e.g. peak memory) in the target's names."""
         return {self.device_names.get(name, name): value for name, value in values.items()}
-
-    def _decision(self, decision: dict[str, Any]) -> dict[str, Any]:
-        out = dict(decision)
-        out["device_groups"] = sorted(int(self.groups[g]) for g in decision["device_groups"])
-        for key in ("replicas", "batch_weights"):
-            if decision.get(key):
-                out[key] = self.per_device(decision[key])
-        if decision.get("ps_device"):
-            out["ps_device"] = self.device_names[decision["ps_device"]]
-        if decision.get("placement"):
-            out["placement"] = {
-                op: self.device_names[device] for op, device in decision["placement"].items()
-            }
-        return out

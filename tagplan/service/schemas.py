@@ -7,10 +7,11 @@ never reaches the database; SQLite, which stores any integer, would hide the dif
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from tagplan.planner.options import PlanOptions
 
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_NODE_NAME_CHARS",
     "MAX_SHARDS",
+    "SERVER_SIDE_OPTIONS",
     "CheckpointPublic",
     "ClusterPublic",
     "GraphInput",
@@ -37,6 +39,7 @@ __all__ = [
     "Status",
     "StrategiesPublic",
     "StrategyPublic",
+    "plan_option_fields",
 ]
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -94,31 +97,58 @@ class GraphInput(BaseModel):
         return self
 
 
-class PlanOptionsIn(BaseModel):
-    """The planner's options a request may set (:class:`~tagplan.planner.options.
-    PlanOptions` gives the defaults), bounded for the database."""
+_REQUEST_BOUNDS: dict[str, dict[str, Any]] = {
+    "budget_s": {
+        "gt": 0,
+        "le": MAX_BUDGET_S,
+        "allow_inf_nan": False,
+        "description": "the whole plan's budget, every phase included",
+    },
+    "iterations": {"gt": 0, "le": INT32_MAX, "description": "search iteration cap"},
+    "seed": {"ge": 0, "le": INT32_MAX},
+    "sfb": {"description": "sufficient-factor broadcast on/off"},
+    "max_groups": {"ge": 1, "le": MAX_GROUPS},
+    "shards": {"ge": 1, "le": MAX_SHARDS, "description": "root-parallel search trees (workers)"},
+}
+"""The bounds and descriptions of the planner options a request may set."""
+SERVER_SIDE_OPTIONS = frozenset({"max_actions", "patience"})
+"""Planner options a request may not set: search tuning every job runs with at the
+planner's defaults (and out of the job's identity, so resubmissions still match)."""
 
-    model_config = ConfigDict(extra="forbid")
 
-    budget_s: float = Field(
-        default=PlanOptions.budget_s,
-        gt=0,
-        le=MAX_BUDGET_S,
-        allow_inf_nan=False,
-        description="the whole plan's budget, every phase included",
-    )
-    iterations: int | None = Field(
-        default=PlanOptions.iterations, gt=0, le=INT32_MAX, description="search iteration cap"
-    )
-    seed: int = Field(default=PlanOptions.seed, ge=0, le=INT32_MAX)
-    sfb: bool = Field(default=PlanOptions.sfb, description="sufficient-factor broadcast on/off")
-    shards: int = Field(
-        default=PlanOptions.shards,
-        ge=1,
-        le=MAX_SHARDS,
-        description="root-parallel search trees (workers)",
-    )
-    max_groups: int = Field(default=PlanOptions.max_groups, ge=1, le=MAX_GROUPS)
+def plan_option_fields(options: type[PlanOptions] = PlanOptions) -> dict[str, Any]:
+    """Request fields for the planner ``options`` a request may set: each with the
+    planner's type and default and the bounds of ``_REQUEST_BOUNDS``.
+
+    Every option must be either bounded there or listed in ``SERVER_SIDE_OPTIONS``, so a
+    new planner option cannot silently be missing from the API (``TypeError`` otherwise).
+    """
+    names = {option.name for option in fields(options)}
+    unplaced = names - _REQUEST_BOUNDS.keys() - SERVER_SIDE_OPTIONS
+    stale = (_REQUEST_BOUNDS.keys() | SERVER_SIDE_OPTIONS) - names
+    if unplaced or stale:
+        raise TypeError(
+            f"planner options {sorted(unplaced)} need request bounds or a place in "
+            f"SERVER_SIDE_OPTIONS; {sorted(stale)} are no planner options"
+        )
+    types = get_type_hints(options)
+    return {
+        option.name: (types[option.name], Field(default=option.default, **bounds))
+        for option in fields(options)
+        if (bounds := _REQUEST_BOUNDS.get(option.name)) is not None
+    }
+
+
+_PlannerOptionsIn = create_model(
+    "_PlannerOptionsIn", __config__=ConfigDict(extra="forbid"), **plan_option_fields()
+)
+
+
+class PlanOptionsIn(_PlannerOptionsIn):
+    """The planner's options a request may set (types and defaults those of
+    :class:`~tagplan.planner.options.PlanOptions`), bounded for the database, and the
+    stored profiles the job's cost model uses."""
+
     profiles: list[Digest] = Field(
         default_factory=list,
         max_length=100,

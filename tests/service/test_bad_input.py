@@ -92,6 +92,18 @@ def test_two_graph_sources_are_refused(service: TestClient, admin: dict) -> None
     assert_problem(response, 422, "exactly one")
 
 
+def test_request_errors_have_the_planners_wording(service: TestClient, admin: dict) -> None:
+    body = job({"zoo": "mlp"}, options={"seed": -1, "temperature": 2})
+    response = service.post("/v1/jobs", json=body, headers=admin)
+    problem = assert_problem(
+        response,
+        422,
+        "invalid request: options.seed: Input should be greater than or equal to 0 (got -1)",
+        "options.temperature: unknown field",
+    )
+    assert "body" not in problem["detail"]
+
+
 def test_budget_over_the_limit(service: TestClient, admin: dict) -> None:
     body = job({"zoo": "mlp"})
     body["options"]["budget_s"] = 1e6

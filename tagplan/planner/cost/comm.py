@@ -1,10 +1,11 @@
 """Communication times over a :class:`~tagplan.planner.topology.Cluster` (docs/design.md §3).
 
-Closed forms, in seconds, for the transfers a strategy inserts: point-to-point copies,
-ring and hierarchical AllReduce, parameter-server push/pull and broadcasts (of the
-sufficient factors of duplicated ops, TAG §4.2.3). Fitted segmented-linear models
+Closed forms, in seconds, for the transfers the compiler prices as one task:
+point-to-point copies and ring or hierarchical AllReduce. Fitted segmented-linear models
 (TAG §4.1.2, measured by :mod:`.comm_profiler`) replace them through :class:`CommModel`
-where a profile covers the case.
+where a profile covers the case. Parameter-server pushes and pulls and the broadcasts of
+sufficient factors are compiled into point-to-point copies, which the simulator runs
+with their contention on shared links (docs/design.md §3).
 
 Conventions:
 
@@ -26,7 +27,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidInput
 from ..topology import Cluster
-from .fit import Seconds, Segment, SegmentedLinear, as_seconds, as_sizes, fit_segmented_linear
+from .fit import Seconds, SegmentedLinear, as_seconds, as_sizes
 
 if TYPE_CHECKING:
     from .comm_profile import CommProfile
@@ -36,14 +37,9 @@ __all__ = [
     "CommEstimate",
     "CommModel",
     "DeviceList",
-    "Segment",
-    "SegmentedLinear",
     "allreduce_time_s",
-    "broadcast_time_s",
-    "fit_segmented_linear",
     "hierarchical_allreduce_time_s",
     "p2p_time_s",
-    "ps_time_s",
     "ring_allreduce_time_s",
 ]
 
@@ -207,85 +203,6 @@ def allreduce_time_s(
     )
 
 
-def _fan_classes(
-    cluster: Cluster, center: int, peers: npt.NDArray[np.int64]
-) -> list[tuple[Literal["intra", "inter"], npt.NDArray[np.int64]]]:
-    """``peers`` (minus ``center``) split by the link they use at ``center``."""
-    peers = peers[peers != center]
-    same = cluster.device_machine[peers] == cluster.device_machine[center]
-    classes: list[tuple[Literal["intra", "inter"], npt.NDArray[np.int64]]] = [
-        ("intra", peers[same]),
-        ("inter", peers[~same]),
-    ]
-    return [(kind, members) for kind, members in classes if members.size]
-
-
-def _fan(
-    cluster: Cluster, center: int, peers: npt.NDArray[np.int64], sizes: np.ndarray, inbound: bool
-) -> np.ndarray:
-    """Serialized transfers of ``sizes`` bytes between ``center`` and each peer.
-
-    Per link class at ``center``: ``Σ_p S / B_p + max_p α_p``; classes run in parallel.
-    """
-    seconds = np.zeros_like(sizes)
-    for _, members in _fan_classes(cluster, center, peers):
-        pairs = (members, center) if inbound else (center, members)
-        inverse = float(np.sum(1.0 / cluster.bandwidth_bytes_per_s[pairs]))
-        latency = float(cluster.latency_s[pairs].max())
-        seconds = np.maximum(seconds, sizes * inverse + latency)
-    return np.where(sizes > 0, seconds, 0.0)
-
-
-def ps_time_s(cluster: Cluster, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> Seconds:
-    """Parameter-server synchronization of a ``nbytes`` parameter, in seconds.
-
-    Every worker pushes its gradient to ``server``, then pulls the updated parameter
-    back. A worker on the server device costs nothing. The others reach the server over
-    one of two links at the server: its machine's **bus** (workers on the server's
-    machine) or its machine's **NIC** (workers elsewhere). Transfers sharing a link are
-    serialized on it (bytes add up, one latency is paid as they pipeline); the bus and
-    the NIC run in parallel; the pull starts when the push is over:
-
-    .. math:: t = 2 \\max_{c \\in \\{bus, NIC\\}} \\left(\\sum_{w \\in c} \\frac{S}{B_{w,s}}
-              + \\max_{w \\in c} α_{w,s}\\right)
-
-    With ``n`` workers of equal bandwidth ``B`` behind the NIC that is ``2(nS/B + α)``:
-    the server's link is the bottleneck (docs/design.md §3). The discrete-event simulator
-    models the same contention transfer by transfer; this closed form feeds cost
-    estimates and the SFB program (TAG §4.2.3).
-    """
-    server = _device(cluster, server, "server")
-    idx = _devices(cluster, workers, "workers")
-    if idx.size == 0:
-        raise InvalidInput("a parameter server needs at least one worker")
-    sizes, scalar = as_sizes(nbytes)
-    push = _fan(cluster, server, idx, sizes, inbound=True)
-    pull = _fan(cluster, server, idx, sizes, inbound=False)
-    return as_seconds(push + pull, scalar)
-
-
-def broadcast_time_s(
-    cluster: Cluster, src: int, dsts: DeviceList, nbytes: npt.ArrayLike
-) -> Seconds:
-    """Broadcast of ``nbytes`` from ``src`` to every device of ``dsts``, in seconds.
-
-    ``src`` sends a copy to each destination; copies sharing a link at ``src`` (its
-    machine's bus, or its NIC for other machines) are serialized, the two links run in
-    parallel — the pull half of :func:`ps_time_s`:
-
-    .. math:: t = \\max_{c \\in \\{bus, NIC\\}} \\left(\\sum_{d \\in c} \\frac{S}{B_{src,d}}
-              + \\max_{d \\in c} α_{src,d}\\right)
-
-    TAG §4.2.3 prices broadcasting a sufficient factor from each of ``D`` replicas to the
-    others as ``D(D-1) L/τ``; this is one replica's ``(D-1) L/τ`` share on a uniform
-    cluster. ``src`` itself in ``dsts`` and an empty ``dsts`` cost nothing.
-    """
-    src = _device(cluster, src, "src")
-    idx = _devices(cluster, dsts, "dsts")
-    sizes, scalar = as_sizes(nbytes)
-    return as_seconds(_fan(cluster, src, idx, sizes, inbound=False), scalar)
-
-
 # --------------------------------------------------------------------------- measured or not
 
 
@@ -305,10 +222,7 @@ class CommModel:
 
     - **p2p**: the ``p2p.intra`` / ``p2p.inter`` model of the path's kind;
     - **AllReduce** among ``k`` devices of one machine: ``allreduce["k"]`` (the
-      algorithm the library picked when measuring; unless ``hierarchical`` is asked);
-    - **PS** and **broadcast**: for each link class at the center (bus, NIC), the p2p
-      model of that kind applied to the bytes serialized on it, ``f(n·S)`` in place of
-      ``Σ S/B + α`` (:func:`ps_time_s`).
+      algorithm the library picked when measuring; unless ``hierarchical`` is asked).
 
     Anything else — another device type, a link kind or ``k`` the profile lacks,
     AllReduce across machines — uses the closed forms of this module. Each ``*_detail``
@@ -360,40 +274,6 @@ class CommModel:
         sizes, scalar = as_sizes(nbytes)
         return CommEstimate(as_seconds(self._predict(model, sizes), scalar), True)
 
-    def _fan_detail(
-        self, center: int, peers: npt.NDArray[np.int64], sizes: np.ndarray
-    ) -> np.ndarray | None:
-        """Measured fan-out time per :func:`broadcast_time_s`; ``None`` when the profile does
-        not cover it or there is nothing to send."""
-        classes = _fan_classes(self.cluster, center, peers)
-        if not classes or not self._covered[center] or not self._covered[peers].all():
-            return None
-        seconds = np.zeros_like(sizes)
-        for kind, members in classes:
-            model = self._p2p_model(kind)
-            if model is None:
-                return None
-            seconds = np.maximum(seconds, self._predict(model, sizes * members.size))
-        return seconds
-
-    def ps_detail(self, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> CommEstimate:
-        """:func:`ps_time_s`, or push and pull priced by the profile's p2p models."""
-        analytic = ps_time_s(self.cluster, workers, server, nbytes)
-        sizes, scalar = as_sizes(nbytes)
-        fan = self._fan_detail(server, _devices(self.cluster, workers, "workers"), sizes)
-        if fan is None:
-            return CommEstimate(analytic, False)
-        return CommEstimate(as_seconds(2.0 * fan, scalar), True)
-
-    def broadcast_detail(self, src: int, dsts: DeviceList, nbytes: npt.ArrayLike) -> CommEstimate:
-        """:func:`broadcast_time_s`, or the copies priced by the profile's p2p models."""
-        analytic = broadcast_time_s(self.cluster, src, dsts, nbytes)
-        sizes, scalar = as_sizes(nbytes)
-        fan = self._fan_detail(src, _devices(self.cluster, dsts, "dsts"), sizes)
-        if fan is None:
-            return CommEstimate(analytic, False)
-        return CommEstimate(as_seconds(fan, scalar), True)
-
     @staticmethod
     def _predict(model: SegmentedLinear, sizes: np.ndarray) -> np.ndarray:
         return np.where(sizes > 0, np.asarray(model.predict(sizes)), 0.0)
@@ -407,11 +287,3 @@ class CommModel:
     ) -> Seconds:
         """Seconds of :meth:`allreduce_detail`."""
         return self.allreduce_detail(devices, nbytes, algorithm).seconds
-
-    def ps_time_s(self, workers: DeviceList, server: int, nbytes: npt.ArrayLike) -> Seconds:
-        """Seconds of :meth:`ps_detail`."""
-        return self.ps_detail(workers, server, nbytes).seconds
-
-    def broadcast_time_s(self, src: int, dsts: DeviceList, nbytes: npt.ArrayLike) -> Seconds:
-        """Seconds of :meth:`broadcast_detail`."""
-        return self.broadcast_detail(src, dsts, nbytes).seconds

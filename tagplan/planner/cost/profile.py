@@ -20,7 +20,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -32,9 +32,7 @@ from tagplan.planner.validation import describe_validation_error
 __all__ = [
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
-    "ChainedProfileSource",
     "InMemoryProfileSource",
-    "JsonProfileSource",
     "OpProfile",
     "Profile",
     "ProfileDevice",
@@ -306,11 +304,6 @@ class InMemoryProfileSource:
         for profile in profiles:
             self.add_profile(profile)
 
-    @classmethod
-    def from_profiles(cls, profiles: Iterable[Profile]) -> InMemoryProfileSource:
-        """A table holding every point of ``profiles``; the first profile wins on a clash."""
-        return cls(profiles)
-
     def add(self, cost_key: str, gpu_type: str, batch: int, seconds: float) -> None:
         """Record one measured point, replacing an earlier one for the same batch size."""
         self._set(cost_key, gpu_type, batch, seconds, replace=True)
@@ -361,27 +354,3 @@ class InMemoryProfileSource:
             _check_batch(batch)
             return None
         return estimate_time(points, batch)
-
-
-class JsonProfileSource(InMemoryProfileSource):
-    """Profiles read from one or more JSON files; on a clash the earlier file wins."""
-
-    def __init__(self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> None:
-        if isinstance(paths, str | os.PathLike):
-            paths = [paths]
-        self.profiles: list[Profile] = [load_profile(path) for path in paths]
-        super().__init__(self.profiles)
-
-
-class ChainedProfileSource:
-    """Several sources asked in order; the first that knows the key answers."""
-
-    def __init__(self, sources: Sequence[ProfileSource]) -> None:
-        self.sources: list[ProfileSource] = list(sources)
-
-    def lookup(self, cost_key: str, gpu_type: str, batch: int) -> float | None:
-        for source in self.sources:
-            seconds = source.lookup(cost_key, gpu_type, batch)
-            if seconds is not None:
-                return seconds
-        return None

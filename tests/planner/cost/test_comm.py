@@ -16,14 +16,9 @@ import pytest
 from tagplan.planner.cost.comm import (
     CommEstimate,
     CommModel,
-    Segment,
-    SegmentedLinear,
     allreduce_time_s,
-    broadcast_time_s,
-    fit_segmented_linear,
     hierarchical_allreduce_time_s,
     p2p_time_s,
-    ps_time_s,
     ring_allreduce_time_s,
 )
 from tagplan.planner.cost.comm_profile import (
@@ -39,6 +34,7 @@ from tagplan.planner.cost.comm_profile import (
     save_comm_profile,
 )
 from tagplan.planner.cost.comm_profiler import profile_comm
+from tagplan.planner.cost.fit import Segment, SegmentedLinear, fit_segmented_linear
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.topology import Cluster, load_cluster
 
@@ -179,43 +175,6 @@ class TestHierarchicalAllReduce:
     def test_unknown_algorithm(self, two_by_two: Cluster) -> None:
         with pytest.raises(InvalidInput, match="unknown AllReduce algorithm 'tree'"):
             allreduce_time_s(two_by_two, [0, 1], S, "tree")  # type: ignore[arg-type]
-
-
-class TestParameterServer:
-    def test_three_workers_on_the_server_machine_share_the_bus(self, two_by_four: Cluster) -> None:
-        # push then pull, 3 transfers serialized on the bus: 2·(3·S/B_intra + α_intra)
-        assert ps_time_s(two_by_four, [1, 2, 3], 0, S) == pytest.approx(0.006004)
-
-    def test_three_workers_off_the_machine_share_the_nic(self, two_by_four: Cluster) -> None:
-        assert ps_time_s(two_by_four, [4, 5, 6], 0, S) == pytest.approx(2 * (3 * S / B_NET + A_NET))
-        assert ps_time_s(two_by_four, [4, 5, 6], 0, S) == pytest.approx(0.06002)
-        # Contention: three times one worker's transfer time (less the shared latency).
-        one = ps_time_s(two_by_four, [4], 0, S)
-        assert one == pytest.approx(2 * p2p_time_s(two_by_four, 4, 0, S))
-
-    def test_server_as_worker_is_free_and_links_run_in_parallel(self, two_by_four: Cluster) -> None:
-        assert ps_time_s(two_by_four, [0, 1, 2, 3], 0, S) == pytest.approx(0.006004)
-        assert ps_time_s(two_by_four, [0], 0, S) == 0.0
-        # One worker on the bus, one behind the NIC: the NIC decides.
-        assert ps_time_s(two_by_four, [1, 4], 0, S) == pytest.approx(2 * (S / B_NET + A_NET))
-
-    def test_bad_server(self, two_by_four: Cluster) -> None:
-        with pytest.raises(InvalidInput, match="server 8"):
-            ps_time_s(two_by_four, [1], 8, S)
-        with pytest.raises(InvalidInput, match="at least one worker"):
-            ps_time_s(two_by_four, [], 0, S)
-
-
-class TestBroadcast:
-    def test_copies_serialize_per_link(self, two_by_four: Cluster) -> None:
-        assert broadcast_time_s(two_by_four, 0, [1, 2], S) == pytest.approx(2e-3 + A_INTRA)
-        # bus: 3 ms + 2 us, NIC: 10 ms + 10 us, in parallel
-        assert broadcast_time_s(two_by_four, 0, [1, 2, 3, 4], S) == pytest.approx(0.01001)
-
-    def test_nothing_to_send(self, two_by_four: Cluster) -> None:
-        assert broadcast_time_s(two_by_four, 0, [], S) == 0.0
-        assert broadcast_time_s(two_by_four, 0, [0], S) == 0.0
-        assert broadcast_time_s(two_by_four, 0, {0, 1}, S) == pytest.approx(1e-3 + A_INTRA)
 
 
 # --------------------------------------------------------------------------- fitting
@@ -391,8 +350,6 @@ class TestCommModel:
         assert model.allreduce_time_s([0, 1, 4, 5], S) == allreduce_time_s(
             two_by_four, [0, 1, 4, 5], S, "auto"
         )
-        assert model.ps_time_s([1, 4], 0, S) == ps_time_s(two_by_four, [1, 4], 0, S)
-        assert model.broadcast_time_s(0, [1, 4], S) == broadcast_time_s(two_by_four, 0, [1, 4], S)
 
     def test_prefers_measured_where_covered(self, two_by_four: Cluster) -> None:
         data = profile_dict()
@@ -410,11 +367,6 @@ class TestCommModel:
         assert model.allreduce_detail([0, 4], S).measured is False
         assert model.allreduce_detail([0, 1, 2], S).measured is False
         assert model.allreduce_detail([1, 2], S, "hierarchical").measured is False
-        # PS and broadcast over the bus use the intra p2p model: f(3S) per direction.
-        assert model.ps_detail([1, 2, 3], 0, S) == (2.0, True)
-        assert model.broadcast_detail(0, [1, 2, 3], S) == (1.0, True)
-        assert model.ps_detail([1, 4], 0, S) == (ps_time_s(two_by_four, [1, 4], 0, S), False)
-        assert model.broadcast_detail(0, [0], S) == (0.0, False)
 
     def test_other_device_kind_is_not_covered(self, two_by_four: Cluster) -> None:
         profile = parse_comm_profile(edited(("device_kind",), "CPU"))

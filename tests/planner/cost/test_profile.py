@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 
 from tagplan.planner.cost.profile import (
-    ChainedProfileSource,
     InMemoryProfileSource,
-    JsonProfileSource,
     Profile,
     ProfileSource,
     dump_profile,
@@ -311,66 +309,6 @@ class TestInMemoryProfileSource:
             self.source().lookup(RELU, "V100-32GB", 0)
         with pytest.raises(InvalidInput, match="batch size must be a positive integer"):
             self.source().lookup("unknown", "V100-32GB", -1)
-
-
-class TestJsonProfileSource:
-    def test_one_file(self, tmp_path: Path) -> None:
-        path = tmp_path / "v100.json"
-        path.write_text(dump_profile(load_profile(profile_dict())))
-        source = JsonProfileSource(path)
-        assert source.lookup(RELU, "V100-32GB", 24) == pytest.approx(5.0)
-        assert len(source.profiles) == 1
-
-    def test_several_files_earlier_wins(self, tmp_path: Path) -> None:
-        first, second, third = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
-        first.write_text(dump_profile(load_profile(profile_dict())))
-        second.write_text(dump_profile(load_profile(profile_dict(times={"8": 50.0}))))
-        third.write_text(dump_profile(load_profile(profile_dict("T4", {"8": 10.0}))))
-        source = JsonProfileSource([str(first), second, third])
-        assert source.lookup(RELU, "V100-32GB", 8) == 2.0
-        assert source.lookup(RELU, "T4", 8) == 10.0
-
-    def test_invalid_file(self, tmp_path: Path) -> None:
-        path = tmp_path / "bad.json"
-        data = profile_dict()
-        data["version"] = 7
-        path.write_text(json.dumps(data))
-        with pytest.raises(InvalidInput, match="version"):
-            JsonProfileSource([path])
-
-
-class _Fixed:
-    def __init__(self, answers: dict[str, float]) -> None:
-        self.answers = answers
-        self.asked: list[tuple[str, str, int]] = []
-
-    def lookup(self, cost_key: str, gpu_type: str, batch: int) -> float | None:
-        self.asked.append((cost_key, gpu_type, batch))
-        return self.answers.get(cost_key)
-
-
-class TestChainedProfileSource:
-    def test_first_hit_wins(self) -> None:
-        first, second = _Fixed({"a": 1.0}), _Fixed({"a": 2.0, "b": 3.0})
-        chained = ChainedProfileSource([first, second])
-        assert isinstance(chained, ProfileSource)
-        assert chained.lookup("a", "T4", 8) == 1.0
-        assert second.asked == []
-        assert chained.lookup("b", "T4", 8) == 3.0
-        assert first.asked[-1] == ("b", "T4", 8)
-        assert chained.lookup("c", "T4", 8) is None
-
-    def test_chains_real_sources(self) -> None:
-        measured = InMemoryProfileSource([load_profile(profile_dict())])
-        fallback = InMemoryProfileSource()
-        fallback.add(RELU, "V100-32GB", 8, 100.0)
-        fallback.add("Other", "V100-32GB", 8, 1.0)
-        chained = ChainedProfileSource([measured, fallback])
-        assert chained.lookup(RELU, "v100-32GB", 12) == pytest.approx(2.5)
-        assert chained.lookup("Other", "V100-32GB", 16) == pytest.approx(2.0)
-
-    def test_empty_chain(self) -> None:
-        assert ChainedProfileSource([]).lookup("a", "T4", 8) is None
 
 
 def test_profile_model_is_frozen() -> None:

@@ -1,0 +1,111 @@
+"""Renumber a strategy's device groups and devices (docs/design.md §9).
+
+A strategy found for one numbering of a cluster runs on an isomorphic cluster once every
+device group index and device name in it is rewritten. Which fields of a
+:class:`~tagplan.planner.strategy.GroupDecision` name device groups or devices is written
+down once, here, in :data:`DECISION_REMAPS`; every other field of the strategy models is
+listed as device-free, and a test fails when a field is in neither list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.strategy import GroupDecision, Strategy
+
+__all__ = [
+    "DECISION_REMAPS",
+    "DEVICE_FREE_DECISION_FIELDS",
+    "DEVICE_FREE_GROUP_FIELDS",
+    "DEVICE_FREE_STRATEGY_FIELDS",
+    "Renumbering",
+    "remap_strategy",
+]
+
+
+class Renumbering:
+    """Source device group ``g`` is target group ``device_groups[g]``; source device
+    ``name`` is target device ``devices[name]``."""
+
+    def __init__(
+        self, device_groups: Sequence[int] | Mapping[int, int], devices: Mapping[str, str]
+    ) -> None:
+        self.device_groups = device_groups
+        self.devices = devices
+
+    def group(self, group: int) -> int:
+        try:
+            return int(self.device_groups[group])
+        except (IndexError, KeyError):
+            raise InvalidInput(f"device group {group} has no counterpart to remap to") from None
+
+    def device(self, name: str) -> str:
+        try:
+            return self.devices[name]
+        except KeyError:
+            raise InvalidInput(f"device {name!r} has no counterpart to remap to") from None
+
+
+def _groups(groups: list[int], to: Renumbering) -> list[int]:
+    return sorted(to.group(group) for group in groups)
+
+
+def _device_keys(by_device: dict[str, Any], to: Renumbering) -> dict[str, Any]:
+    return {to.device(name): value for name, value in by_device.items()}
+
+
+def _device_values(to_device: dict[str, str], to: Renumbering) -> dict[str, str]:
+    return {key: to.device(name) for key, name in to_device.items()}
+
+
+def _device(name: str, to: Renumbering) -> str:
+    return to.device(name)
+
+
+DECISION_REMAPS: dict[str, Callable[[Any, Renumbering], Any]] = {
+    "device_groups": _groups,
+    "replicas": _device_keys,
+    "batch_weights": _device_keys,
+    "ps_device": _device,
+    "placement": _device_values,  # op name -> device name
+}
+"""The fields of a :class:`GroupDecision` that name device groups or devices, and how
+each is rewritten (a field left ``None`` stays ``None``)."""
+DEVICE_FREE_DECISION_FIELDS = frozenset({"option", "collective", "gradient_sync", "bucket_bytes"})
+"""The fields of a :class:`GroupDecision` that name no device group or device."""
+DEVICE_FREE_GROUP_FIELDS = frozenset({"ops"})
+"""An :class:`~tagplan.planner.strategy.OpGroup`'s fields besides its ``decision``."""
+DEVICE_FREE_STRATEGY_FIELDS = frozenset({"version", "name", "sfb"})
+"""A :class:`Strategy`'s fields besides its decisions (``groups`` and ``default``)."""
+
+
+def _remap_decision(decision: GroupDecision, to: Renumbering) -> GroupDecision:
+    update = {
+        name: remap(value, to)
+        for name, remap in DECISION_REMAPS.items()
+        if (value := getattr(decision, name)) is not None
+    }
+    return decision.model_copy(update=update)
+
+
+def remap_strategy(
+    strategy: Strategy,
+    *,
+    device_groups: Sequence[int] | Mapping[int, int],
+    devices: Mapping[str, str],
+) -> Strategy:
+    """``strategy`` with every device group index and device name rewritten: group ``g``
+    becomes ``device_groups[g]``, device ``name`` becomes ``devices[name]``.
+
+    Raises :class:`~tagplan.planner.errors.InvalidInput` for a group or device that has no
+    counterpart.
+    """
+    to = Renumbering(device_groups, devices)
+    groups = [
+        group.model_copy(update={"decision": _remap_decision(group.decision, to)})
+        for group in strategy.groups
+    ]
+    default = None if strategy.default is None else _remap_decision(strategy.default, to)
+    return strategy.model_copy(update={"groups": groups, "default": default})

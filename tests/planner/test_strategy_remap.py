@@ -1,0 +1,88 @@
+"""Renumbering a strategy: every field naming a device group or device is rewritten, and a
+new field of the strategy models has to say whether it names one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy
+from tagplan.planner.strategy_remap import (
+    DECISION_REMAPS,
+    DEVICE_FREE_DECISION_FIELDS,
+    DEVICE_FREE_GROUP_FIELDS,
+    DEVICE_FREE_STRATEGY_FIELDS,
+    remap_strategy,
+)
+
+GROUPS = [2, 0, 1]  # source group g is target group GROUPS[g]
+DEVICES = {"a": "x", "b": "y", "c": "z"}
+
+
+def full_decision() -> GroupDecision:
+    """A decision with every device-bearing field set."""
+    return GroupDecision(
+        device_groups=[0, 1],
+        option=Option.REPLICATE_PS,
+        replicas={"a": 2, "b": 1},
+        batch_weights={"a": 2.0, "b": 1.0},
+        ps_device="b",
+        placement={"op1": "a", "op2": "c"},
+    )
+
+
+def test_every_decision_field_is_remapped_or_device_free() -> None:
+    remapped, free = set(DECISION_REMAPS), set(DEVICE_FREE_DECISION_FIELDS)
+    assert remapped.isdisjoint(free)
+    assert remapped | free == set(GroupDecision.model_fields)
+
+
+def test_every_strategy_and_group_field_is_accounted_for() -> None:
+    assert set(OpGroup.model_fields) == {"decision"} | DEVICE_FREE_GROUP_FIELDS
+    assert set(Strategy.model_fields) == {"groups", "default"} | DEVICE_FREE_STRATEGY_FIELDS
+
+
+def test_every_device_bearing_field_changes() -> None:
+    original = full_decision()
+    strategy = Strategy(groups=[OpGroup(ops=["op1"], decision=original)], default=original)
+    remapped = remap_strategy(strategy, device_groups=GROUPS, devices=DEVICES)
+    for decision in (remapped.groups[0].decision, remapped.default):
+        assert decision == GroupDecision(
+            device_groups=[0, 2],
+            option=Option.REPLICATE_PS,
+            replicas={"x": 2, "y": 1},
+            batch_weights={"x": 2.0, "y": 1.0},
+            ps_device="y",
+            placement={"op1": "x", "op2": "z"},
+        )
+        for name in DECISION_REMAPS:
+            assert getattr(decision, name) != getattr(original, name), name
+    assert remapped.groups[0].ops == ["op1"]
+
+
+def test_unset_fields_and_device_free_fields_stay() -> None:
+    strategy = Strategy(
+        name="dp",
+        default=GroupDecision(device_groups=[1], option=Option.DUPLICATE),
+        sfb={"w": ["dw"]},
+    )
+    remapped = remap_strategy(strategy, device_groups=GROUPS, devices=DEVICES)
+    assert remapped == strategy.model_copy(
+        update={"default": GroupDecision(device_groups=[0], option=Option.DUPLICATE)}
+    )
+    assert remapped.default is not None and remapped.default.ps_device is None
+
+
+def test_identity_renumbering_keeps_the_strategy() -> None:
+    strategy = Strategy(default=full_decision())
+    same = remap_strategy(strategy, device_groups=[0, 1, 2], devices={n: n for n in "abc"})
+    assert same == strategy
+
+
+@pytest.mark.parametrize(
+    ("groups", "devices", "message"),
+    [([2], DEVICES, "device group 1"), (GROUPS, {"a": "x", "b": "y"}, "device 'c'")],
+)
+def test_missing_counterpart_is_refused(groups: list[int], devices: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        remap_strategy(Strategy(default=full_decision()), device_groups=groups, devices=devices)
