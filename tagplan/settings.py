@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     """A step whose worker died this many times fails its job instead of looping."""
     time_limit_margin_s: float = Field(default=300.0, gt=0)
     """Added to a job's search budget for the Celery soft time limit."""
+    sweep_interval_s: float = Field(default=15.0, gt=0)
+    """How often the API process looks for lost jobs (:mod:`tagplan.workers.sweeper`)."""
+    stall_grace_s: float = Field(default=90.0, ge=0)
+    """A job is lost when nothing of it reported for its soft time limit plus this long
+    (above the minute by which a step that ignores the soft limit may overrun it)."""
+    max_dispatches: int = Field(default=4, ge=1)
+    """A job sent to the broker this many times (the first and every re-dispatch of a lost
+    job) fails with the reason when it is lost again."""
 
     @field_validator("database_url")
     @classmethod

@@ -6,7 +6,7 @@ with a cancellation (or a redelivered task) cannot resurrect a finished job.
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -17,13 +17,17 @@ from tagplan.db.session import insert_or_find
 
 __all__ = [
     "add_job",
+    "as_utc",
     "begin_step",
     "cancel_job",
     "finish_job",
     "is_finished",
     "live_job",
+    "quiet_jobs",
     "record_progress",
+    "redispatch",
     "save_step",
+    "seconds_since",
     "step_output",
     "step_outputs",
 ]
@@ -133,7 +137,7 @@ def finish_job(
     if job is None or JobStatus(job.status).finished:
         return False
     now = utcnow()
-    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
+    created = as_utc(job.created_at)
     job.status, job.finished_at, job.updated_at = status, now, now
     job.latency_s = (now - created).total_seconds()
     if error is not None:
@@ -147,3 +151,37 @@ def cancel_job(session: Session, *, job_id: str) -> bool:
     return finish_job(
         session, job_id=job_id, status=JobStatus.CANCELLED, error="cancelled by request"
     )
+
+
+def quiet_jobs(session: Session, *, quiet_since: datetime) -> list[Job]:
+    """Queued and running jobs nothing of which has reported since ``quiet_since``."""
+    return list(
+        session.scalars(
+            select(Job)
+            .where(Job.status.in_(_ACTIVE), Job.updated_at < quiet_since)
+            .order_by(Job.created_at)
+        )
+    )
+
+
+def redispatch(session: Session, *, job_id: str, seen_updated_at: datetime) -> bool:
+    """Count one more dispatch of the job and restart its quiet time, unless it reported or
+    finished since it was seen quiet (or another sweeper took it): True when the caller
+    should send it to the broker."""
+    return bool(
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status.in_(_ACTIVE), Job.updated_at == seen_updated_at)
+            .values(dispatches=Job.dispatches + 1, updated_at=utcnow())
+        ).rowcount
+    )
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC time (SQLite gives stored UTC times back naive)."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def seconds_since(moment: datetime) -> float:
+    """Seconds from ``moment`` to now."""
+    return (utcnow() - as_utc(moment)) / timedelta(seconds=1)

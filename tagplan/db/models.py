@@ -166,6 +166,9 @@ class Job(Base):
     best_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dispatches: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """Times the job's workflow was sent to the broker: 1, plus one per recovery of a lost
+    job (:mod:`tagplan.workers.sweeper`)."""
     api_key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     tenant: Mapped[str] = mapped_column(String(TENANT_CHARS), index=True)
     """The submitting key's tenant: only it (and operators) see the job and its result."""
@@ -241,3 +244,13 @@ class Checkpoint(Base):
     blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
     meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Lease(Base):
+    """A named lease that one process holds at a time until ``expires_at`` (the job sweeper's:
+    every API process runs a sweeper, one sweeps)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column()

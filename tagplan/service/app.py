@@ -2,8 +2,9 @@
 
 :func:`create_app` wires settings, auth state, metrics, error handlers, the request-size
 limits and the routers. Embedded (no broker configured) it also migrates the SQLite
-database and runs the Celery worker in-process for the app's lifetime. This module and
-everything it imports load neither TensorFlow nor torch.
+database and runs the Celery worker in-process for the app's lifetime; either way it runs
+the sweeper that recovers jobs the broker lost. This module and everything it imports load
+neither TensorFlow nor torch.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tagplan.service.rate_limit import rate_limiter_for
 from tagplan.settings import Settings, get_settings
 from tagplan.workers.app import app as celery_app
 from tagplan.workers.embedded import EmbeddedWorker, requeue_unfinished
+from tagplan.workers.sweeper import Sweeper
 
 __all__ = ["create_app"]
 
@@ -59,6 +61,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         resumed = requeue_unfinished(settings, celery_app)
         if resumed:
             log.info("resumed %d unfinished jobs", resumed)
+    sweeper = Sweeper(settings, celery_app)  # recovers jobs the broker lost
+    sweeper.start()
     # Everything loaded so far lives as long as the process: keep the garbage collector
     # from walking it on every full collection (a pause of 100+ ms on the hot path).
     gc.collect()
@@ -66,6 +70,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        sweeper.stop()
         if app.state.embedded_worker is not None:
             app.state.embedded_worker.stop()
 

@@ -47,6 +47,7 @@ def job_public(job: Job, *, existing: bool = False) -> JobPublic:
         batch_size=job.batch_size,
         options=job.options,
         error=job.error,
+        dispatches=job.dispatches,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

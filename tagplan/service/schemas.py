@@ -194,6 +194,10 @@ class JobPublic(BaseModel):
     batch_size: int | None
     options: dict[str, Any]
     error: str | None
+    dispatches: int = Field(
+        description="times the job's workflow was sent to the workers: 1, plus one for each "
+        "recovery after the broker lost it"
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,36 +81,44 @@ class Stack:
                 process.wait(5)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    broker = reset_redis()
-    logs = tmp_path_factory.mktemp("stack-logs")
+@contextmanager
+def running_stack(logs: Path, broker: str, workers: int = 1, **env: str) -> Iterator[Stack]:
+    """The API and ``workers`` workers on ``broker`` and a fresh PostgreSQL database;
+    ``env`` adds settings (``TAGPLAN_...``) to every process's environment."""
     with fresh_postgres_database() as database_url:
         upgrade(database_url)
         with session_scope(database_url) as session:
             _, token = create_key(session, scopes=["admin"], name="tests")
         port = _free_port()
-        env = {
+        environment = {
             **environment_without_settings(),
             "TAGPLAN_DATABASE_URL": database_url,
             "TAGPLAN_BROKER_URL": broker,
             "TAGPLAN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
             "TAGPLAN_RESTORE_INTERVAL_S": "1",
             "TAGPLAN_DATA_DIR": str(logs),
+            **env,
         }
         url = f"http://127.0.0.1:{port}"
-        stack = Stack(env, logs, database_url, url, token, TagplanClient(url, token))
+        stack = Stack(environment, logs, database_url, url, token, TagplanClient(url, token))
         try:
             stack.spawn("api", "serve", "--port", str(port))
-            stack.start_worker("worker1")
-            _wait_ready(url, logs)
+            for k in range(workers):
+                stack.start_worker(f"worker{k + 1}")
+            wait_ready(url, logs)
             yield stack
         finally:
             stack.client.close()
             stack.stop_all()
 
 
-def _wait_ready(url: str, logs: Path, timeout_s: float = 60) -> None:
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("stack-logs"), reset_redis()) as running:
+        yield running
+
+
+def wait_ready(url: str, logs: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
