@@ -25,7 +25,7 @@ from tagplan.planner.cost.profile import InMemoryProfileSource, Profile, load_pr
 from tagplan.planner.cost.profiler import measure_device_peaks, profile_graph
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.load import loads_graph_def
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.topology import GpuTypeSpec, load_cluster
@@ -126,7 +126,7 @@ def resnet50_sanity() -> list[str]:
     for gpu, batch, published in PUBLISHED:
         graph = build_tf1(lambda b=batch: image_classifier("ResNet50", b, 224))
         ir = analyze(
-            parse_graph_bytes(graph.graph_def.SerializeToString()),
+            loads_graph_def(graph.graph_def.SerializeToString()),
             batch_inputs=[i["name"] for i in graph.inputs],
             loss=graph.loss_node,
         )

@@ -36,7 +36,7 @@ from bench.report import write_section
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.load import loads_graph_def
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.topology import load_cluster
 
@@ -152,7 +152,7 @@ def main() -> None:
         if (name, batch) not in irs:
             data, inputs = graphs[name]
             irs[name, batch] = analyze(
-                parse_graph_bytes(data), batch_size=batch, batch_inputs=inputs, loss="loss"
+                loads_graph_def(data), batch_size=batch, batch_inputs=inputs, loss="loss"
             )
         return irs[name, batch]
 

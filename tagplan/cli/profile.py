@@ -39,7 +39,7 @@ def profile_command(
 ) -> None:
     """Run a training graph with TensorFlow tracing and record every op's time."""
     with user_errors():
-        from tagplan.planner.cost.profile import dump_profile
+        from tagplan.planner.cost.profile import dumps_profile
         from tagplan.planner.cost.profiler import profile_graph
 
         with console.status(f"profiling {graph} on {device}"):
@@ -51,7 +51,7 @@ def profile_command(
                 runs=runs,
                 warmup=warmup,
             )
-        out.write_text(dump_profile(profile))
+        out.write_text(dumps_profile(profile))
     steps = ", ".join(f"batch {b}: {s * 1e3:,.1f} ms" for b, s in profile.step_time_s.items())
     console.print(f"{len(profile.ops):,} cost keys profiled ({steps}) -> {out}")
 
@@ -65,14 +65,14 @@ def profile_comm_command(
 ) -> None:
     """Measure point-to-point and AllReduce transfers and fit segmented-linear models."""
     with user_errors():
-        from tagplan.planner.cost.comm_profile import save_comm_profile
+        from tagplan.planner.cost.comm_profile import dump_comm_profile
         from tagplan.planner.cost.comm_profiler import profile_comm
 
         with console.status(f"measuring transfers among {devices} devices"):
             profile = profile_comm(
                 devices=devices, min_bytes=min_bytes, max_bytes=max_bytes, repeats=repeats
             )
-        save_comm_profile(profile, out)
+        dump_comm_profile(profile, out)
     console.print(
         f"{len(profile.measurements):,} measurements, models for "
         f"p2p and AllReduce over {', '.join(sorted(profile.allreduce))} devices -> {out}"

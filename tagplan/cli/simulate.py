@@ -21,7 +21,7 @@ from tagplan.cli.common import (
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
-from tagplan.planner.sim.trace import write_chrome_trace
+from tagplan.planner.sim.trace import dump_chrome_trace
 from tagplan.planner.strategy import Strategy, load_strategy
 from tagplan.planner.topology import load_cluster
 
@@ -66,7 +66,7 @@ def simulate_command(
     result, tasks = evaluation.result, evaluation.compiled.task_graph
     devices = evaluator.cluster.device_names
     if trace is not None:
-        write_chrome_trace(trace, tasks, result)
+        dump_chrome_trace(trace, tasks, result)
     summary = {
         "graph": source.label,
         "cluster": cluster,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tagplan.planner.compile.tasks import CompiledTasks, TaskCompiler
+from tagplan.planner.compile.task_compiler import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
 from tagplan.planner.cost.op_time import OpCostModel

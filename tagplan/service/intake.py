@@ -21,7 +21,7 @@ from tagplan.db.models import ClusterRow, GraphRow, Holding
 from tagplan.db.session import add_once
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import graph_fingerprint
-from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.load import loads_graph_def
 from tagplan.planner.graph.parsed import parse_graph
 from tagplan.planner.topology import (
     Cluster,
@@ -63,7 +63,7 @@ def store_graph(
     """Validate a graph upload, store it once (its id is the digest of its bytes) and
     record that ``tenant`` holds it."""
     _decompressed_size_ok(data, settings.max_graph_bytes)
-    graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
+    graph_def = loads_graph_def(data, max_bytes=settings.max_graph_bytes)
     if len(graph_def.node) > settings.max_ops:
         raise Problem(
             422,

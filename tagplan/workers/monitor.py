@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tagplan.db import jobs
+from tagplan.db import job_state
 from tagplan.db.session import session_scope
 
 __all__ = ["JobMonitor"]
@@ -48,7 +48,7 @@ class JobMonitor:
             return
         self._last_write, self._last_phase = now, report.phase
         with session_scope(self.url) as session:
-            jobs.record_progress(
+            job_state.record_progress(
                 session,
                 job_id=self.job_id,
                 phase=report.phase,
@@ -63,5 +63,5 @@ class JobMonitor:
         if not self._cancelled and now - self._last_read >= self.interval_s:
             self._last_read = now
             with session_scope(self.url) as session:
-                self._cancelled = jobs.is_finished(session, self.job_id)
+                self._cancelled = job_state.is_finished(session, self.job_id)
         return self._cancelled

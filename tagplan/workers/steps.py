@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from tagplan.db import jobs
+from tagplan.db import job_state
 from tagplan.db.blobs import get_blob, put_blob
 from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile, Result
 from tagplan.db.session import session_scope
@@ -70,7 +70,7 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
     """Read the job's graph and cluster from the database and analyze the graph."""
     from tagplan.planner.budget import Deadline
     from tagplan.planner.graph.analyzer import analyze
-    from tagplan.planner.graph.load import parse_graph_bytes
+    from tagplan.planner.graph.load import loads_graph_def
     from tagplan.planner.options import PlanOptions, option_names
     from tagplan.planner.topology import load_cluster
 
@@ -85,8 +85,8 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         options = {k: v for k, v in job.options.items() if k in option_names()}
         documents = _profile_documents(session, job.options.get("profiles", []))
         started_at = job.started_at or datetime.now(UTC)
-        analyzed = jobs.step_output(session, job_id=job_id, step="analyze") or {}
-    graph_def = parse_graph_bytes(data, max_bytes=settings.max_graph_bytes)
+        analyzed = job_state.step_output(session, job_id=job_id, step="analyze") or {}
+    graph_def = loads_graph_def(data, max_bytes=settings.max_graph_bytes)
     ir = analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss)
     if ir.num_ops > settings.max_ops:
         raise InvalidInput(
@@ -143,12 +143,12 @@ def analyze_step(settings: Settings, job_id: str) -> None:
     group it and score the baselines once for every later step."""
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        if jobs.step_output(session, job_id=job_id, step="analyze") is not None:
+        if job_state.step_output(session, job_id=job_id, step="analyze") is not None:
             return
     inputs = load_inputs(settings, job_id)
     planner = _planner(inputs, JobMonitor(url, job_id))
     with session_scope(url) as session:
-        jobs.save_step(
+        job_state.save_step(
             session,
             job_id=job_id,
             step="analyze",
@@ -186,12 +186,12 @@ def search_step(settings: Settings, job_id: str, shard: int, seed: int) -> None:
     url = settings.sqlalchemy_url
     step = shard_step(shard)
     with session_scope(url) as session:
-        if jobs.step_output(session, job_id=job_id, step=step) is not None:
+        if job_state.step_output(session, job_id=job_id, step=step) is not None:
             return
     inputs = load_inputs(settings, job_id)
     outcome = _planner(inputs, JobMonitor(url, job_id)).search_shard(seed)
     with session_scope(url) as session:
-        jobs.save_step(session, job_id=job_id, step=step, output=outcome.to_dict())
+        job_state.save_step(session, job_id=job_id, step=step, output=outcome.to_dict())
 
 
 def finish_step(settings: Settings, job_id: str, shards: int) -> None:
@@ -202,9 +202,9 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> None:
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
         if session.get(Result, job_id) is not None:
-            jobs.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
+            job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
             return
-        stored = jobs.step_outputs(session, job_id=job_id, prefix="shard:")
+        stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
     if len(stored) < shards:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
     inputs = load_inputs(settings, job_id)
@@ -215,7 +215,7 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> None:
     trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
     distributed = result.distributed
     with session_scope(url) as session:
-        if not jobs.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
+        if not job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
             return  # cancelled while compiling: keep nothing
         session.add(
             Result(

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from celery import Celery
 
-from tagplan.db import jobs
+from tagplan.db import job_state
 from tagplan.db.leases import take_lease
 from tagplan.db.models import JobStatus, utcnow
 from tagplan.db.session import session_scope
@@ -79,8 +79,8 @@ def sweep_once(settings: Settings, app: Celery, *, holder: str) -> SweepReport:
         quiet_since = utcnow() - timedelta(seconds=settings.stall_grace_s)
         candidates = [
             (job.id, job.updated_at, job.options, job.dispatches)
-            for job in jobs.quiet_jobs(session, quiet_since=quiet_since)
-            if jobs.seconds_since(job.updated_at) > quiet_window_s(settings, job.options)
+            for job in job_state.quiet_jobs(session, quiet_since=quiet_since)
+            if job_state.seconds_since(job.updated_at) > quiet_window_s(settings, job.options)
         ]
     if not candidates:
         return SweepReport()
@@ -96,10 +96,11 @@ def sweep_once(settings: Settings, app: Celery, *, holder: str) -> SweepReport:
                     f"{quiet_window_s(settings, options):.0f} s with nothing left in the queue; "
                     "giving up"
                 )
-                if jobs.finish_job(session, job_id=job_id, status=JobStatus.FAILED, error=reason):
+                failed = JobStatus.FAILED
+                if job_state.finish_job(session, job_id=job_id, status=failed, error=reason):
                     report.failed.append(job_id)
                 continue
-            taken = jobs.redispatch(session, job_id=job_id, seen_updated_at=updated_at)
+            taken = job_state.redispatch(session, job_id=job_id, seen_updated_at=updated_at)
         if taken:
             enqueue_job(app, job_id, options, margin_s=settings.time_limit_margin_s)
             report.redispatched.append(job_id)

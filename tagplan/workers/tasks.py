@@ -23,7 +23,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from sqlalchemy.exc import OperationalError
 
-from tagplan.db import jobs
+from tagplan.db import job_state
 from tagplan.db.models import JobStatus
 from tagplan.db.session import session_scope
 from tagplan.planner.errors import Cancelled, PlannerError
@@ -58,9 +58,9 @@ def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None
     url = settings.sqlalchemy_url
     try:
         with session_scope(url) as session:
-            if jobs.is_finished(session, job_id):
+            if job_state.is_finished(session, job_id):
                 return False
-            attempts = jobs.begin_step(session, job_id=job_id, step=step, phase=phase)
+            attempts = job_state.begin_step(session, job_id=job_id, step=step, phase=phase)
         if attempts > settings.task_max_attempts:
             reason = f"step {step} was interrupted {attempts - 1} times (worker lost); giving up"
             _fail(url, job_id, reason)
@@ -83,7 +83,7 @@ def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None
 
 def _fail(url: str, job_id: str, reason: str) -> None:
     with session_scope(url) as session:
-        jobs.finish_job(session, job_id=job_id, status=JobStatus.FAILED, error=reason)
+        job_state.finish_job(session, job_id=job_id, status=JobStatus.FAILED, error=reason)
 
 
 @app.task(name="tagplan.analyze", bind=True)

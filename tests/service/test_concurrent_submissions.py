@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tagplan.db.jobs import add_job
+from tagplan.db.job_state import add_job
 from tagplan.db.migrate import upgrade
 from tagplan.db.models import Blob, ClusterRow, GraphRow, Job, JobStatus
 from tagplan.db.session import add_once, engine_for

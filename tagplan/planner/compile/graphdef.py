@@ -222,7 +222,7 @@ def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
     node.attr["_output_shapes"].CopyFrom(_shapes_attr(tuple(tuple(s) for s in shapes)))
 
 
-class _Compiler:
+class _GraphDefCompilation:
     def __init__(
         self, graph_def: Any, ir: GraphIR, cluster: Cluster, resolved: ResolvedStrategy
     ) -> None:
@@ -809,4 +809,4 @@ def compile_graphdef(
 ) -> DistributedGraph:
     """Compile ``resolved`` over ``graph_def`` (the graph ``ir`` was analyzed from, in this
     package's protobuf classes) into a distributed ``GraphDef`` and its device map."""
-    return _Compiler(graph_def, ir, cluster, resolved).compile()
+    return _GraphDefCompilation(graph_def, ir, cluster, resolved).compile()

@@ -31,12 +31,12 @@ __all__ = [
     "CommProfile",
     "Measurement",
     "P2PModels",
+    "dump_comm_profile",
     "dumps_comm_profile",
     "load_comm_profile",
     "loads_comm_profile",
     "parse_comm_profile",
     "profile_from_measurements",
-    "save_comm_profile",
 ]
 
 COMM_PROFILE_FORMAT = "tagplan.comm-profile"
@@ -182,7 +182,7 @@ def dumps_comm_profile(profile: CommProfile) -> str:
     return json.dumps(profile.model_dump(mode="json"), indent=1) + "\n"
 
 
-def save_comm_profile(profile: CommProfile, path: str | os.PathLike[str]) -> None:
+def dump_comm_profile(profile: CommProfile, path: str | os.PathLike[str]) -> None:
     """Write ``profile`` as JSON to ``path``."""
     Path(path).write_text(dumps_comm_profile(profile), encoding="utf-8")
 

@@ -38,7 +38,7 @@ __all__ = [
     "ProfileDevice",
     "ProfileSource",
     "ProfiledGraph",
-    "dump_profile",
+    "dumps_profile",
     "estimate_time",
     "load_profile",
 ]
@@ -205,7 +205,7 @@ def load_profile(source: str | os.PathLike[str] | bytes | Mapping[str, Any]) -> 
         raise InvalidInput(describe_validation_error(exc, "profile", limit=5)) from None
 
 
-def dump_profile(profile: Profile) -> str:
+def dumps_profile(profile: Profile) -> str:
     """The profile as JSON text: one line per op, batch sizes as string keys."""
     data = profile.model_dump(mode="json")
     lines = ["{"]

@@ -47,7 +47,7 @@ from tagplan.planner.cost.profile import PROFILE_FORMAT, PROFILE_VERSION, Profil
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze, graph_fingerprint
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.load import loads_graph_def
 from tagplan.planner.graph.protos import DT_RESOURCE, dtype_name
 from tagplan.planner.graph.source import ZOO_PREFIX, GraphSource, load_graph_source
 
@@ -215,7 +215,7 @@ def _zoo_target(name: str, batch: int, train_node: str | None, init_node: str | 
     data = graph.graph_def.SerializeToString()
     return _Target(
         tf_graph_bytes=data,
-        graph_def=parse_graph_bytes(data),
+        graph_def=loads_graph_def(data),
         feeds=[
             _Feed(spec["name"], spec["dtype"], tuple(spec["shape"]), spec.get("high"))
             for spec in graph.inputs

@@ -19,7 +19,7 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.neutral_json import graph_def_from_json
 from tagplan.planner.graph.protos import GraphDef
 
-__all__ = ["MAX_GRAPH_BYTES", "load_graph_def", "parse_graph_bytes"]
+__all__ = ["MAX_GRAPH_BYTES", "load_graph_def", "loads_graph_def"]
 
 # Upper bound for a decompressed graph: the largest zoo graph is a few MB; 1 GiB leaves
 # room for graphs with embedded constants while keeping a gzip bomb from exhausting memory.
@@ -50,10 +50,10 @@ def _looks_like_text(data: bytes) -> bool:
     return all(b >= 0x20 or b in b"\t\n\r" for b in head)
 
 
-def parse_graph_bytes(data: bytes, *, max_bytes: int = MAX_GRAPH_BYTES) -> Any:
+def loads_graph_def(data: bytes, *, max_bytes: int = MAX_GRAPH_BYTES) -> Any:
     """Parse a graph in any supported format into a ``GraphDef`` message.
 
-    >>> g = parse_graph_bytes(b'node { name: "x" op: "Placeholder" }')
+    >>> g = loads_graph_def(b'node { name: "x" op: "Placeholder" }')
     >>> g.node[0].op
     'Placeholder'
     """
@@ -92,10 +92,10 @@ def parse_graph_bytes(data: bytes, *, max_bytes: int = MAX_GRAPH_BYTES) -> Any:
 
 
 def load_graph_def(path: str | Path) -> Any:
-    """Read and parse a graph file (see :func:`parse_graph_bytes`)."""
+    """Read and parse a graph file (see :func:`loads_graph_def`)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InvalidInput(f"cannot read graph file {path}: {exc.strerror}") from exc
-    return parse_graph_bytes(data)
+    return loads_graph_def(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tagplan.planner.graph.load import load_graph_def, parse_graph_bytes
+from tagplan.planner.graph.load import load_graph_def, loads_graph_def
 
 __all__ = ["ZOO_PREFIX", "GraphSource", "load_graph_source"]
 
@@ -30,7 +30,7 @@ def load_graph_source(spec: str) -> GraphSource:
         model = catalog.get_model(spec[len(ZOO_PREFIX) :])
         return GraphSource(
             label=spec,
-            graph_def=parse_graph_bytes(catalog.read_graph_bytes(model.name)),
+            graph_def=loads_graph_def(catalog.read_graph_bytes(model.name)),
             batch_inputs=[entry["name"] for entry in model.inputs],
             loss=model.loss_node,
         )

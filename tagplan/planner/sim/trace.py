@@ -26,7 +26,7 @@ from tagplan.planner.sim.memory import memory_profile
 from tagplan.planner.sim.simulate import SimResult
 from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["chrome_trace", "write_chrome_trace"]
+__all__ = ["chrome_trace", "dump_chrome_trace"]
 
 _KIND_NAMES = ("compute", "transfer", "collective")
 
@@ -114,7 +114,7 @@ def chrome_trace(tg: TaskGraph, result: SimResult) -> dict[str, Any]:
     }
 
 
-def write_chrome_trace(path: str | Path, tg: TaskGraph, result: SimResult) -> None:
+def dump_chrome_trace(path: str | Path, tg: TaskGraph, result: SimResult) -> None:
     """Write :func:`chrome_trace` as JSON to ``path``, gzip-compressed if it ends in ``.gz``."""
     path = Path(path)
     text = json.dumps(chrome_trace(tg, result), separators=(",", ":"))

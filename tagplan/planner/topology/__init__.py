@@ -29,9 +29,9 @@ from .loading import (
     ClusterSource,
     dumps_cluster_spec,
     load_cluster,
+    load_cluster_spec,
     loads_cluster_spec,
     parse_cluster_spec,
-    read_cluster_spec,
 )
 from .named import (
     NamedCluster,
@@ -76,13 +76,13 @@ __all__ = [
     "gpu_type_table",
     "list_named_clusters",
     "load_cluster",
+    "load_cluster_spec",
     "loads_cluster_spec",
     "map_devices",
     "map_groups",
     "named_cluster_spec",
     "parse_cluster_spec",
     "random_cluster_spec",
-    "read_cluster_spec",
     "tag_cloud_spec",
     "tag_testbed_spec",
 ]

@@ -26,9 +26,9 @@ __all__ = [
     "ClusterSource",
     "dumps_cluster_spec",
     "load_cluster",
+    "load_cluster_spec",
     "loads_cluster_spec",
     "parse_cluster_spec",
-    "read_cluster_spec",
 ]
 
 ClusterSource = Cluster | ClusterSpec | Mapping[str, Any] | str | os.PathLike[str]
@@ -72,7 +72,7 @@ def loads_cluster_spec(text: str, *, fmt: Literal["json", "yaml"] | None = None)
     return parse_cluster_spec(data)
 
 
-def read_cluster_spec(path: str | os.PathLike[str]) -> ClusterSpec:
+def load_cluster_spec(path: str | os.PathLike[str]) -> ClusterSpec:
     """Read a ``.json``, ``.yaml`` or ``.yml`` cluster file."""
     file = Path(path)
     fmt = _FILE_SUFFIXES.get(file.suffix.lower())
@@ -100,14 +100,14 @@ def load_cluster(source: ClusterSource) -> Cluster:
     if isinstance(source, ClusterSpec | Mapping):
         return Cluster.from_spec(parse_cluster_spec(source))
     if isinstance(source, os.PathLike):
-        return Cluster.from_spec(read_cluster_spec(source))
+        return Cluster.from_spec(load_cluster_spec(source))
     if not isinstance(source, str):
         raise InvalidInput(f"cannot load a cluster from a {type(source).__name__}")
     text = source.strip()
     if "\n" in text or text.startswith("{"):
         return Cluster.from_spec(loads_cluster_spec(text))
     if Path(text).suffix.lower() in _FILE_SUFFIXES:
-        return Cluster.from_spec(read_cluster_spec(text))
+        return Cluster.from_spec(load_cluster_spec(text))
     return Cluster.from_spec(named_cluster_spec(text))
 
 

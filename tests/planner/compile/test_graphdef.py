@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tagplan.planner.compile.graphdef import compile_graphdef, worker_device
-from tagplan.planner.compile.tasks import compile_tasks
+from tagplan.planner.compile.task_compiler import compile_tasks
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze

@@ -12,7 +12,7 @@ import pytest
 
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.compile.placement import place
-from tagplan.planner.compile.tasks import compile_tasks
+from tagplan.planner.compile.task_compiler import compile_tasks
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.batch import SplitCategory

@@ -26,12 +26,12 @@ from tagplan.planner.cost.comm_profile import (
     CommProfile,
     Measurement,
     P2PModels,
+    dump_comm_profile,
     dumps_comm_profile,
     load_comm_profile,
     loads_comm_profile,
     parse_comm_profile,
     profile_from_measurements,
-    save_comm_profile,
 )
 from tagplan.planner.cost.comm_profiler import profile_comm
 from tagplan.planner.cost.fit import Segment, SegmentedLinear, fit_segmented_linear
@@ -291,7 +291,7 @@ class TestCommProfile:
     def test_round_trip(self, tmp_path: Path) -> None:
         profile = parse_comm_profile(profile_dict())
         file = tmp_path / "comm.json"
-        save_comm_profile(profile, file)
+        dump_comm_profile(profile, file)
         assert load_comm_profile(file) == profile
         assert loads_comm_profile(dumps_comm_profile(profile)) == profile
         assert json.loads(file.read_text())["format"] == "tagplan.comm-profile"

@@ -16,7 +16,7 @@ from tagplan.planner.cost.profile import (
     InMemoryProfileSource,
     Profile,
     ProfileSource,
-    dump_profile,
+    dumps_profile,
     estimate_time,
     load_profile,
 )
@@ -51,7 +51,7 @@ def profile_dict(
 class TestFormat:
     def test_round_trip(self, tmp_path: Path) -> None:
         profile = load_profile(profile_dict())
-        text = dump_profile(profile)
+        text = dumps_profile(profile)
         assert load_profile(text.encode()) == profile
         path = tmp_path / "p.json"
         path.write_text(text)
@@ -71,7 +71,7 @@ class TestFormat:
         assert load_profile(data).ops[1].times_s == {8: 5.0}
 
     def test_one_line_per_op(self) -> None:
-        text = dump_profile(load_profile(profile_dict()))
+        text = dumps_profile(load_profile(profile_dict()))
         assert sum(1 for line in text.splitlines() if '"cost_key"' in line) == 2
         assert text.endswith("}\n")
 

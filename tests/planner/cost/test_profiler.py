@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tagplan.planner.cost.profile import dump_profile, load_profile
+from tagplan.planner.cost.profile import dumps_profile, load_profile
 from tagplan.planner.cost.profiler import (
     NodeTime,
     _session_config,
@@ -235,7 +235,7 @@ def test_profile_zoo_mlp() -> None:
     assert sum(op.count for op in by_type["ResourceApplyAdam"]) == 6
     assert "MatMul|float32[B,784];float32[784,256]" in by_type["MatMul"][0].cost_key
 
-    assert load_profile(dump_profile(profile).encode()) == profile
+    assert load_profile(dumps_profile(profile).encode()) == profile
 
 
 @pytest.mark.tf

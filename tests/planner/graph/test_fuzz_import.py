@@ -20,7 +20,7 @@ from google.protobuf import text_format
 
 from tagplan.planner.errors import InvalidInput, PlannerError
 from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.load import parse_graph_bytes
+from tagplan.planner.graph.load import loads_graph_def
 from tagplan.planner.graph.neutral_json import OUTPUT_SHAPES_ATTR
 from tagplan.planner.graph.protos import GraphDef
 from tests.planner.zoo_graphs import zoo_source
@@ -158,7 +158,7 @@ MUTATIONS: dict[str, Mutation] = {
 def import_graph(data: bytes, model: str) -> Any:
     """What a worker does with an upload: read it, then analyze it."""
     source = zoo_source(model)
-    return analyze(parse_graph_bytes(data), batch_inputs=source.batch_inputs, loss=source.loss)
+    return analyze(loads_graph_def(data), batch_inputs=source.batch_inputs, loss=source.loss)
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))

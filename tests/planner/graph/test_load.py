@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import text_format
 
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.graph.load import load_graph_def, parse_graph_bytes
+from tagplan.planner.graph.load import load_graph_def, loads_graph_def
 from tests.planner.graph.builders import dense_graph, graph_def
 
 
@@ -23,7 +23,7 @@ def test_binary_text_gzip_and_json_give_the_same_graph(dense: object) -> None:
     text = text_format.MessageToString(dense).encode()
     as_json = json.dumps(dense_graph()).encode()
     for data in (binary, text, gzip.compress(binary), gzip.compress(text), as_json):
-        assert parse_graph_bytes(data) == dense
+        assert loads_graph_def(data) == dense
 
 
 def test_file_is_read_by_content_not_extension(tmp_path, dense) -> None:
@@ -47,12 +47,12 @@ def test_file_is_read_by_content_not_extension(tmp_path, dense) -> None:
 )
 def test_malformed_input_is_refused_with_the_reason(data: bytes, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
-        parse_graph_bytes(data)
+        loads_graph_def(data)
 
 
 def test_gzip_bomb_is_refused() -> None:
     with pytest.raises(InvalidInput, match="exceeds"):
-        parse_graph_bytes(gzip.compress(b" " * 10_000), max_bytes=1_000)
+        loads_graph_def(gzip.compress(b" " * 10_000), max_bytes=1_000)
 
 
 def test_missing_file_is_an_input_error(tmp_path) -> None:

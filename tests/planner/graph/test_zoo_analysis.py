@@ -105,7 +105,7 @@ def test_graph_with_unknown_batch_is_inferred_at_the_given_batch_size() -> None:
     """A graph built with a None batch dimension and exported without shapes."""
     import tensorflow as tf
 
-    from tagplan.planner.graph.load import parse_graph_bytes
+    from tagplan.planner.graph.load import loads_graph_def
 
     graph = tf.Graph()
     with graph.as_default():
@@ -119,8 +119,8 @@ def test_graph_with_unknown_batch_is_inferred_at_the_given_batch_size() -> None:
         tf.compat.v1.train.AdamOptimizer().minimize(loss)
     data = graph.as_graph_def(add_shapes=False).SerializeToString()
     with pytest.raises(InvalidInput, match="missing batch size"):
-        analyze(parse_graph_bytes(data))
-    ir = analyze(parse_graph_bytes(data), batch_size=8)
+        analyze(loads_graph_def(data))
+    ir = analyze(loads_graph_def(data), batch_size=8)
     assert (ir.graph_batch_size, ir.batch_size) == (8, 8)
     assert ir.param_bytes == 6 * 3 * 4
     matmul = next(i for i, t in enumerate(ir.op_types) if t == "BatchMatMulV2")

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.tasks import compile_tasks
+from tagplan.planner.compile.task_compiler import compile_tasks
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator

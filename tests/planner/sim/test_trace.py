@@ -10,7 +10,7 @@ import pytest
 
 from tagplan.planner.sim.simulate import simulate
 from tagplan.planner.sim.taskgraph import TaskGraph
-from tagplan.planner.sim.trace import chrome_trace, write_chrome_trace
+from tagplan.planner.sim.trace import chrome_trace, dump_chrome_trace
 from tests.planner.sim.builders import Buffer, build, collective, compute, transfer
 
 
@@ -85,7 +85,7 @@ def test_write_round_trips(tmp_path: Path, name: str) -> None:
     tg = _graph()
     result = simulate(tg)
     path = tmp_path / name
-    write_chrome_trace(path, tg, result)
+    dump_chrome_trace(path, tg, result)
     opener = gzip.open if name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as stream:
         assert json.load(stream) == json.loads(json.dumps(chrome_trace(tg, result)))

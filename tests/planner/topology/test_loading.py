@@ -12,8 +12,8 @@ from tagplan.planner.topology import (
     dumps_cluster_spec,
     fingerprint,
     load_cluster,
+    load_cluster_spec,
     loads_cluster_spec,
-    read_cluster_spec,
     tag_testbed_spec,
 )
 
@@ -47,7 +47,7 @@ class TestSources:
         path.write_text(dumps_cluster_spec(load_cluster(SMALL), fmt=fmt))
         assert load_cluster(path).num_devices == 3
         assert load_cluster(str(path)).num_devices == 3
-        assert read_cluster_spec(path).machines[1].gpu_slots() == [(1, "L4")]
+        assert load_cluster_spec(path).machines[1].gpu_slots() == [(1, "L4")]
 
     def test_missing_file(self, tmp_path: Path) -> None:
         with pytest.raises(InvalidInput, match="does not exist"):

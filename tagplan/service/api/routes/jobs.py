@@ -7,12 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import func, select
 
-from tagplan.db import jobs as job_state
+from tagplan.db import job_state
 from tagplan.db.blobs import get_blob
 from tagplan.db.models import Job, JobStatus, Result
 from tagplan.service.auth import Principal
 from tagplan.service.deps import ReadKey, SessionDep, SettingsDep, SubmitKey
-from tagplan.service.jobs import find_job, job_public, submit
+from tagplan.service.job_intake import find_job, job_public, submit
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import (
     INT32_MAX,

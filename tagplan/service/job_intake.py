@@ -17,7 +17,7 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tagplan.db.jobs import add_job
+from tagplan.db.job_state import add_job
 from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile
 from tagplan.service.auth import Principal
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph

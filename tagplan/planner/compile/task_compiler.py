@@ -171,7 +171,7 @@ class TaskCompiler:
     def compile(self, resolved: ResolvedStrategy) -> CompiledTasks:
         """The task graph of one resolved strategy."""
         with _collector_paused():
-            return _Compiler(self, resolved).compile()
+            return _TaskGraphCompilation(self, resolved).compile()
 
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
@@ -212,7 +212,7 @@ class TaskCompiler:
         return found
 
 
-class _Compiler:
+class _TaskGraphCompilation:
     """The rewrite rules applied to one strategy; ``fixed`` holds what the strategy does
     not change."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.tasks import TaskCompiler, compile_tasks
+from tagplan.planner.compile.task_compiler import TaskCompiler, compile_tasks
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
