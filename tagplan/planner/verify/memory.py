@@ -1,4 +1,4 @@
-"""How much memory a verification (:mod:`.verify`) needs, and how much the machine has: a
+"""How much memory a verification (:mod:`.check`) needs, and how much the machine has: a
 step that cannot fit is refused with the figures before TensorFlow starts, instead of
 being killed by the kernel halfway through."""
 
@@ -23,8 +23,8 @@ def verification_bytes(ir: GraphIR, compiled: DistributedGraph, double: bool) ->
     instance of the op computing it (computed, then summed), the largest variable's copies
     read back with its expected value beside them, and 1 GiB for the process.
     The reference step holds less (one copy, one instance), and the initial and updated
-    values wait on disk. Float64 doubles every floating-point byte. BERT-Large under
-    DP-NCCL on two GPUs in float32: 13.3-14.1 GiB measured, 13.9 GiB estimated."""
+    values wait on disk. Float64 doubles every floating-point byte. How the estimate
+    compares with measured peaks: docs/verification.md."""
     copies = compiled.device_map["variables"]
     sizes = {n: int(ir.variable_bytes[ir.op_index(n)]) for n in copies}
     variables = sum(sizes[n] * len(copies[n]) for n in copies)
