@@ -137,7 +137,9 @@ def build_mlp_tf2(batch_size: int, seed: int = 0) -> TrainGraph:
         )
         params.append(tf.Variable(kernel, name=f"dense_{i}/kernel"))
         params.append(tf.Variable(tf.zeros([fan_out]), name=f"dense_{i}/bias"))
-    optimizer = keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+    # named: Keras numbers unnamed optimizers per process (adam, adam_1, ...), so a build
+    # after other Keras work would name the slots differently
+    optimizer = keras.optimizers.Adam(learning_rate=LEARNING_RATE, name="adam")
     optimizer.build(params)
 
     @tf.function
