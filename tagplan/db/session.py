@@ -23,9 +23,9 @@ def engine_for(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    # No pre-ping (a round trip per checkout on the hot path); connections are recycled
-    # instead, and a dropped one fails its request, which the client retries.
-    return create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=20)
+    # Pre-ping: a connection broken by a database restart is replaced at checkout instead
+    # of failing the first requests after the database is back (one local round trip).
+    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, pool_size=10, max_overflow=20)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

@@ -7,6 +7,7 @@ so clients parse one shape: ``{"type", "title", "status", "detail", ...}``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -14,15 +15,26 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tagplan.planner.errors import Infeasible, InvalidInput, PlannerError
 from tagplan.planner.validation import describe_errors, dotted_location
 
-__all__ = ["PROBLEM_JSON", "Problem", "install_problem_handlers", "problem_response"]
+__all__ = [
+    "DATABASE_RETRY_AFTER_S",
+    "PROBLEM_JSON",
+    "Problem",
+    "install_problem_handlers",
+    "problem_response",
+]
+
+log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://tagplan.dev/problems/"
+DATABASE_RETRY_AFTER_S = 5
+"""The ``Retry-After`` of a request refused because the database is unreachable."""
 
 
 class Problem(Exception):
@@ -66,7 +78,8 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    """Render :class:`Problem`, planner errors, validation and HTTP errors as problems."""
+    """Render :class:`Problem`, planner errors, validation and HTTP errors as problems, and
+    a database that cannot be reached as a 503 the client retries."""
 
     @app.exception_handler(Problem)
     async def _problem(_: Request, exc: Problem) -> JSONResponse:
@@ -95,4 +108,24 @@ def install_problem_handlers(app: FastAPI) -> None:
         kind = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "-")
         return problem_response(
             exc.status_code, str(exc.detail), kind=kind, headers=dict(exc.headers or {})
+        )
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_unreachable(request: Request, exc: DBAPIError) -> JSONResponse:
+        """The database is down, restarting or refused the connection (SQLAlchemy wraps the
+        driver's connection errors in these two): nothing the request did is wrong, so a
+        503 with ``Retry-After`` rather than a 500; the pool drops the broken connections."""
+        reason = str(exc.orig if exc.orig is not None else exc).strip()
+        log.warning(
+            "%s %s: the database is unreachable: %s",
+            request.method,
+            request.url.path,
+            reason.splitlines()[0] if reason else type(exc).__name__,
+        )
+        return problem_response(
+            503,
+            "the database is unreachable; retry later",
+            kind="database-unavailable",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import DBAPIError as DatabaseError
 
 from tagplan.db import job_state
 from tagplan.db.leases import take_lease
@@ -128,11 +130,10 @@ class Sweeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.sweep_interval_s):
+            interval_s = self.settings.sweep_interval_s
             try:
                 sweep_once(self.settings, self.app, holder=self.holder)
-            except Exception:  # the database or the broker is down: try again next round
-                log.warning(
-                    "the job sweep failed; retrying in %.0f s",
-                    self.settings.sweep_interval_s,
-                    exc_info=True,
-                )
+            except (DatabaseError, BrokerError) as exc:  # down for now: one line a round
+                log.warning("no job sweep (%s); again in %.0f s", type(exc).__name__, interval_s)
+            except Exception:
+                log.exception("the job sweep failed; again in %.0f s", interval_s)

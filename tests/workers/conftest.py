@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,10 +82,14 @@ class Stack:
 
 
 @contextmanager
-def running_stack(logs: Path, broker: str, workers: int = 1, **env: str) -> Iterator[Stack]:
-    """The API and ``workers`` workers on ``broker`` and a fresh PostgreSQL database;
+def running_stack(
+    logs: Path, broker: str, workers: int = 1, *, database_url: str | None = None, **env: str
+) -> Iterator[Stack]:
+    """The API and ``workers`` workers on ``broker`` and a fresh PostgreSQL database (or
+    the empty database at ``database_url``, as on a PostgreSQL server the test runs itself);
     ``env`` adds settings (``TAGPLAN_...``) to every process's environment."""
-    with fresh_postgres_database() as database_url:
+    database = nullcontext(database_url) if database_url else fresh_postgres_database()
+    with database as database_url:
         upgrade(database_url)
         with session_scope(database_url) as session:
             _, token = create_key(session, scopes=["admin"], name="tests")
