@@ -36,6 +36,17 @@ StrategyOption = Annotated[
 ]
 
 
+def _captured_names(graph: str) -> dict[str, str]:
+    """The variable behind each captured placeholder of a zoo TF2 model (its manifest's
+    ``captured_variables``), for the device map; a graph file names none."""
+    if not graph.startswith(ZOO_PREFIX):
+        return {}
+    from tagplan.planner.zoo import catalog
+
+    model = catalog.get_model(graph[len(ZOO_PREFIX) :])
+    return {c["placeholder"]: c["variable"] for c in model.captured_variables}
+
+
 def compile_command(
     graph: GraphArgument,
     cluster: ClusterOption,
@@ -51,7 +62,8 @@ def compile_command(
         evaluator = Evaluator(ir, load_cluster(cluster))
         chosen = load_strategy_argument(strategy, evaluator)
         resolved = resolve(chosen, ir, evaluator.cluster)
-        compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved)
+        names = _captured_names(graph)
+        compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved, names)
     out.mkdir(parents=True, exist_ok=True)
     (out / "distributed.pb").write_bytes(compiled.graph_def.SerializeToString())
     (out / "device_map.json").write_text(json.dumps(compiled.device_map, indent=2))
@@ -91,6 +103,7 @@ def verify_command(
         typer.Option(help="Refuse a step estimated to need more (default: what is available)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    loss: LossOption = None,
 ) -> None:
     """Run the original and the compiled graph for one step in TensorFlow on virtual CPU
     devices (one per GPU) and compare the loss and every updated variable."""
@@ -98,7 +111,8 @@ def verify_command(
         from tagplan.planner.verify.check import verify
 
         zoo = graph.startswith(ZOO_PREFIX)
-        source, ir = analyze_source(graph, (batch_size or DEFAULT_VERIFY_BATCH) if zoo else None)
+        batch = (batch_size or DEFAULT_VERIFY_BATCH) if zoo else None
+        source, ir = analyze_source(graph, batch, loss=loss)
         if not zoo and batch_size not in (None, ir.graph_batch_size):
             raise InvalidInput(
                 f"{source.label} was built for batch {ir.graph_batch_size} and runs at it: its "
@@ -116,6 +130,7 @@ def verify_command(
             precision=precision,
             image_size=image_size,
             memory_limit_bytes=None if max_memory_gib is None else int(max_memory_gib * (1 << 30)),
+            loss=loss,
         )
     if as_json:
         print_json(report.to_dict())

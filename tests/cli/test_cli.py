@@ -266,6 +266,24 @@ def test_verify_passes_for_data_parallelism_and_reports_json() -> None:
 
 
 @pytest.mark.tf
+def test_verify_takes_loss_as_the_other_commands_do() -> None:
+    named = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--loss", "loss")
+    assert named.exit_code == 0, named.output
+    unknown = invoke("verify", "zoo:mlp_tf2", "-c", "testbed", "-s", "dp-nccl", "--loss", "x")
+    assert unknown.exit_code == EXIT_BAD_INPUT
+    assert "loss node 'x' is not in the graph" in unknown.output
+
+
+@pytest.mark.tf
+def test_compile_maps_a_tf2_functions_captured_variables(tmp_path) -> None:
+    args = ("compile", "zoo:mlp_tf2", "-c", "testbed", "-s", "dp-nccl", "-o", str(tmp_path))
+    assert invoke(*args).exit_code == 0
+    captured = json.loads((tmp_path / "device_map.json").read_text())["captured_variables"]
+    assert captured["adam/Add/ReadVariableOp/resource"]["variable"] == "adam/iteration"
+    assert {len(entry["replicas"]) for entry in captured.values()} == {16}
+
+
+@pytest.mark.tf
 def test_verify_runs_a_graph_file_at_its_own_batch_and_says_so(tmp_path) -> None:
     from tagplan.planner.zoo import read_graph_bytes
 

@@ -61,6 +61,7 @@ travel through every call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -74,12 +75,19 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.graph.params import VARIABLE_OPS
-from tagplan.planner.graph.protos import AttrValue, GraphDef, NodeDef
+from tagplan.planner.graph.params import SCATTER_OPS, VARIABLE_OPS, WRITE_OPS
+from tagplan.planner.graph.protos import DT_RESOURCE, AttrValue, GraphDef, NodeDef, dtype_name
 from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
-__all__ = ["AUXILIARY_KINDS", "DistributedGraph", "compile_graphdef", "worker_device"]
+__all__ = [
+    "AUXILIARY_KINDS",
+    "CapturedVariable",
+    "DistributedGraph",
+    "captured_variables",
+    "compile_graphdef",
+    "worker_device",
+]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
 _SPLIT = int(Mode.SPLIT)
@@ -109,6 +117,46 @@ _SHAPE_ARGUMENTS = {
 }
 
 
+# ops that take a resource as a variable handle: a resource placeholder they read is one
+_HANDLE_USERS = (
+    frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"}) | WRITE_OPS | SCATTER_OPS
+)
+
+
+class CapturedVariable(NamedTuple):
+    """A variable a TF2 concrete function captures: the value behind a resource
+    placeholder. ``dtype`` and ``shape`` are ``None`` where the graph does not say."""
+
+    dtype: str | None
+    shape: list[int] | None
+
+
+def captured_variables(ir: GraphIR) -> dict[str, CapturedVariable]:
+    """Every captured variable of the step: a resource ``Placeholder`` that an op reads,
+    writes or gathers as a variable handle (docs/run-a-plan.md, "Captured variables").
+    Its dtype and shape are those of the value a read produces or a whole write assigns:
+    a function's GraphDef keeps no handle data on the placeholder itself."""
+    found = {}
+    for op in range(ir.num_ops):
+        handle = ir.outputs(op).start
+        if ir.op_types[op] != "Placeholder" or ir.tensor_dtype[handle] != DT_RESOURCE:
+            continue
+        users = ir.consumers(handle).tolist()
+        if not any(ir.op_types[u] in _HANDLE_USERS for u in users):
+            continue
+        values = [ir.outputs(u).start for u in users if ir.op_types[u] == "ReadVariableOp"]
+        values += [
+            int(ir.inputs(u)[1])
+            for u in users
+            if ir.op_types[u] in WRITE_OPS and int(ir.inputs(u)[0]) == handle
+        ]
+        shapes = (ir.tensor_shapes[v] for v in values)
+        known = [list(s) for s in shapes if s is not None and min(s, default=0) >= 0]
+        dtype = dtype_name(int(ir.tensor_dtype[values[0]])) if values else None
+        found[ir.op_names[op]] = CapturedVariable(dtype, known[0] if known else None)
+    return found
+
+
 def worker_device(cluster: Cluster, device: int) -> str:
     """TensorFlow device string of cluster device ``device``."""
     machine, local = int(cluster.device_machine[device]), int(cluster.device_local_index[device])
@@ -130,6 +178,15 @@ class DistributedGraph:
     placement: Placement
     instance_node: tuple[str, ...]
     auxiliary: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def variable_replicas(self) -> dict[str, list[str]]:
+        """Every variable of the step -> its replica nodes: the ``variables`` of a TF1
+        graph and the placeholders of the ``captured_variables`` of a TF2 function."""
+        captured = self.device_map.get("captured_variables", {})
+        return {
+            **self.device_map["variables"],
+            **{n: [r["placeholder"] for r in c["replicas"]] for n, c in captured.items()},
+        }
 
     def auxiliary_counts(self) -> dict[str, int]:
         return {k: sum(1 for kind, _ in self.auxiliary if kind == k) for k in AUXILIARY_KINDS}
@@ -224,7 +281,12 @@ def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
 
 class _GraphDefCompilation:
     def __init__(
-        self, graph_def: Any, ir: GraphIR, cluster: Cluster, resolved: ResolvedStrategy
+        self,
+        graph_def: Any,
+        ir: GraphIR,
+        cluster: Cluster,
+        resolved: ResolvedStrategy,
+        variable_names: Mapping[str, str],
     ) -> None:
         if ir.batch_size != ir.graph_batch_size:
             raise InvalidInput(
@@ -232,6 +294,7 @@ class _GraphDefCompilation:
                 f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
             )
         self.ir, self.cluster, self.resolved = ir, cluster, resolved
+        self.variable_names = variable_names
         self.source = graph_def
         self.originals = {n.name: n for n in graph_def.node}
         missing = [n for n in ir.op_names if n not in self.originals]
@@ -746,6 +809,30 @@ class _GraphDefCompilation:
         read.update(int(ir.tensor_producer[t]) for t in ir.op_input_tensor.tolist())
         return [op for op in range(ir.num_ops) if op not in read or not len(ir.outputs(op))]
 
+    def _captured(self) -> dict[str, dict[str, Any]]:
+        """The device map's ``captured_variables``: per captured variable of a TF2
+        function (:func:`captured_variables`), its value's dtype and shape, whether it is a
+        trainable parameter, and per replica the placeholder a runtime binds a variable of
+        its own to and that placeholder's device (docs/run-a-plan.md)."""
+        ir, placement = self.ir, self.placement
+        trainable = set(ir.parameters.names) | set(ir.sparse_parameters.names)
+        return {
+            name: {
+                "variable": self.variable_names.get(name),
+                "dtype": spec.dtype,
+                "shape": spec.shape,
+                "trainable": name in trainable,
+                "replicas": [
+                    {
+                        "placeholder": self.instance_node[inst],
+                        "device": self.devices[int(placement.inst_device[inst])],
+                    }
+                    for inst in placement.instances(ir.op_index(name))
+                ],
+            }
+            for name, spec in captured_variables(ir).items()
+        }
+
     def compile(self) -> DistributedGraph:
         ir, placement = self.ir, self.placement
         for op in range(ir.num_ops):
@@ -769,6 +856,7 @@ class _GraphDefCompilation:
             for op in range(ir.num_ops)
             if ir.op_types[op] in VARIABLE_OPS
         }
+        captured = self._captured()
         added, state = state_ops(
             self.source, self.out.nodes, variables, set(ir.op_names), self.out.name
         )
@@ -789,6 +877,7 @@ class _GraphDefCompilation:
                 for m in range(len(self.cluster.machine_names))
             },
             "variables": variables,
+            "captured_variables": captured,
             "inputs": inputs,
             "loss": loss,
             "train_op": train_op,
@@ -805,8 +894,15 @@ class _GraphDefCompilation:
 
 
 def compile_graphdef(
-    graph_def: Any, ir: GraphIR, cluster: Cluster, resolved: ResolvedStrategy
+    graph_def: Any,
+    ir: GraphIR,
+    cluster: Cluster,
+    resolved: ResolvedStrategy,
+    variable_names: Mapping[str, str] | None = None,
 ) -> DistributedGraph:
     """Compile ``resolved`` over ``graph_def`` (the graph ``ir`` was analyzed from, in this
-    package's protobuf classes) into a distributed ``GraphDef`` and its device map."""
-    return _GraphDefCompilation(graph_def, ir, cluster, resolved).compile()
+    package's protobuf classes) into a distributed ``GraphDef`` and its device map.
+    ``variable_names`` names the variable behind each captured placeholder of a TF2
+    function, where the graph's origin knows it (a zoo manifest's ``captured_variables``)."""
+    compilation = _GraphDefCompilation(graph_def, ir, cluster, resolved, variable_names or {})
+    return compilation.compile()

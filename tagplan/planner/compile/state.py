@@ -161,15 +161,25 @@ class _StateBuilder:
     # checkpoints -------------------------------------------------------------------------
     def checkpoint(self, device: str) -> dict[str, str]:
         """Saver-compatible save and restore ops on ``device``; their names (those of
-        ``tf.compat.v1.train.Saver``'s ``SaverDef``: filename, save and restore)."""
+        ``tf.compat.v1.train.Saver``'s ``SaverDef``: filename, save and restore). A graph
+        without variables of its own (a TF2 function's are captured) gets the three
+        nodes, saving and restoring nothing: ``SaveV2`` takes at least one tensor."""
         names = sorted(self.variables)
-        dtypes = [self.dtype(v) for v in names]
         default = self.strings("save/filename/input", device, ["model"], vector=False)
         filename = self.node("save/filename", "PlaceholderWithDefault", device, [default])
         prefix = self.node("save/Const", "PlaceholderWithDefault", device, [filename.name])
         for node in (filename, prefix):
             node.attr["dtype"].type = _DT_STRING
             node.attr["shape"].shape.SetInParent()
+        saved = self.save(prefix.name, names, device) if names else []
+        done = self.node("save/control_dependency", "Identity", device, [prefix.name, *saved])
+        done.attr["T"].type = _DT_STRING
+        restored = self.restore(prefix.name, names, device) if names else []
+        restore_all = self.node("save/restore_all", "NoOp", device, restored)
+        return {"filename": prefix.name, "save": done.name, "restore": restore_all.name}
+
+    def save(self, prefix: str, names: list[str], device: str) -> list[str]:
+        """``SaveV2`` of the first replica of each variable of ``names``; its control input."""
         reads = []
         for variable in names:
             first = self.variables[variable][0]
@@ -183,16 +193,17 @@ class _StateBuilder:
             reads.append(read.name)
         keys = self.strings("save/SaveV2/tensor_names", device, names)
         slices = self.strings("save/SaveV2/shape_and_slices", device, [""] * len(names))
-        save = self.node("save/SaveV2", "SaveV2", device, [prefix.name, keys, slices, *reads])
-        save.attr["dtypes"].list.type.extend(dtypes)
-        done = self.node(
-            "save/control_dependency", "Identity", device, [prefix.name, f"^{save.name}"]
-        )
-        done.attr["T"].type = _DT_STRING
+        save = self.node("save/SaveV2", "SaveV2", device, [prefix, keys, slices, *reads])
+        save.attr["dtypes"].list.type.extend(self.dtype(v) for v in names)
+        return [f"^{save.name}"]
+
+    def restore(self, prefix: str, names: list[str], device: str) -> list[str]:
+        """``RestoreV2`` of ``names`` assigned to every replica; the assignments' control
+        inputs."""
         keys = self.strings("save/RestoreV2/tensor_names", device, names)
         slices = self.strings("save/RestoreV2/shape_and_slices", device, [""] * len(names))
-        restore = self.node("save/RestoreV2", "RestoreV2", device, [prefix.name, keys, slices])
-        restore.attr["dtypes"].list.type.extend(dtypes)
+        restore = self.node("save/RestoreV2", "RestoreV2", device, [prefix, keys, slices])
+        restore.attr["dtypes"].list.type.extend(self.dtype(v) for v in names)
         assigns = []
         for slot, variable in enumerate(names):
             value = f"{restore.name}:{slot}" if slot else restore.name
@@ -208,8 +219,7 @@ class _StateBuilder:
                     node.attr["use_locking"].b = True
                 node.input.extend([replica, value])
                 assigns.append(f"^{node.name}")
-        restore_all = self.node("save/restore_all", "NoOp", device, assigns)
-        return {"filename": prefix.name, "save": done.name, "restore": restore_all.name}
+        return assigns
 
 
 def state_ops(

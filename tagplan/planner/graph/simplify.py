@@ -65,9 +65,15 @@ def _keep_mask(
                 depends[node] = bool(depends[preds].any())
     keep = depends & ~has_successor
     if loss is not None:  # what runs: the loss, every stateful op, ops run for an effect
+        sinks = keep
         effect = np.array([not dtypes for dtypes in graph.output_dtypes], dtype=bool)
-        keep = depends & ((keep & effect) | np.asarray(stateful, dtype=bool))
+        keep = depends & ((sinks & effect) | np.asarray(stateful, dtype=bool))
         keep[loss] = True
+        # A value sink of the step goes, but not what it waits on: a TF2 function returns
+        # its outputs after its updates (automatic control dependencies), among them ones
+        # that read no batch, such as an optimizer's step counter.
+        for sink in np.flatnonzero(sinks & ~keep).tolist():
+            keep[graph.control_inputs[sink]] = True
     for node in graph.topo_order[::-1].tolist():
         if keep[node]:
             for producer, _ in graph.data_inputs[node]:

@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
+from tagplan.planner.compile.graphdef import CapturedVariable, DistributedGraph, compile_graphdef
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Strategy, load_strategy, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 from tagplan.planner.verify.batchnorm import batch_norm_splits, running_copies
 from tagplan.planner.verify.compare import Tolerance, compare, largest_magnitude
-from tagplan.planner.verify.lowering import lower_for_cpu, to_float64
+from tagplan.planner.verify.lowering import bind_captured, lower_for_cpu, to_float64
 from tagplan.planner.verify.memory import GIB, available_bytes, verification_bytes
 from tagplan.planner.verify.reference import (
     Reference,
@@ -139,7 +139,7 @@ def _expected(
 ) -> tuple[list[np.ndarray], Tolerance]:
     """The expected value of each copy of variable ``name``, and the tolerance."""
     expected = reference.updated.get(name)
-    values = [expected] * len(compiled.device_map["variables"][name])
+    values = [expected] * len(compiled.variable_replicas()[name])
     running = reference.running.get(name)
     if running is not None:
         statistic, per_replica = running
@@ -170,6 +170,15 @@ def check_variable(
     return _check(name, found, tolerance)
 
 
+def _bound(compiled: DistributedGraph) -> dict[str, CapturedVariable]:
+    """Each replica placeholder of a captured variable -> the variable it is bound to."""
+    return {
+        replica["placeholder"]: CapturedVariable(entry["dtype"], entry["shape"])
+        for entry in compiled.device_map.get("captured_variables", {}).values()
+        for replica in entry["replicas"]
+    }
+
+
 def _run_compiled(
     tf: Any,
     reference: Reference,
@@ -191,14 +200,14 @@ def _run_compiled(
         "auxiliary": compiled.auxiliary_counts(),
     }
     device_map = compiled.device_map
-    replicas: dict[str, list[str]] = device_map["variables"]
+    replicas = compiled.variable_replicas()
     problems = [f"variable {n} has no replica" for n in reference.initial if not replicas.get(n)]
     if device_map.get("loss") is None:
         problems.append("the compiled graph names no loss node")
     if problems:
         return VerifyReport(passed=False, problems=tuple(problems), **base)
     try:
-        lowered = lower_for_cpu(compiled.graph_def, cluster)
+        lowered = bind_captured(lower_for_cpu(compiled.graph_def, cluster), _bound(compiled))
         if double:
             lowered = to_float64(lowered)
         with tf.Graph().as_default() as graph:
@@ -248,7 +257,9 @@ def _run_compiled(
 @dataclass(frozen=True)
 class VerifyOptions:
     """How :func:`verify_many` runs: the batch, the criterion, the precision, the seed of
-    the random batch, a zoo image classifier's image size, and the memory it may use."""
+    the random batch (and of a TF2 function's initial values), a zoo image classifier's
+    image size, the memory it may use, and the loss node (default: the graph's; as
+    ``--loss`` names it)."""
 
     batch_size: int = 4
     rtol: float = 1e-4
@@ -257,6 +268,7 @@ class VerifyOptions:
     precision: str = "float64"
     image_size: int | None = None
     memory_limit_bytes: int | None = None  # at most this, and what the machine has
+    loss: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -317,7 +329,13 @@ def _verify_all(
     double = options.double
     initial = ValueStore(scratch / "initial")
     original = load_original(
-        graph_spec, options.batch_size, options.image_size, options.seed, double, initial
+        graph_spec,
+        options.batch_size,
+        options.image_size,
+        options.seed,
+        double,
+        initial,
+        options.loss,
     )
     planned: list[tuple[DistributedGraph, str, tuple]] = []
     for index, item in enumerate(strategies):

@@ -1,24 +1,28 @@
 """What verification by execution (:mod:`.verify`) changes in a graph to run it on this
 machine: GPU devices and collectives become CPU devices and sums (:func:`lower_for_cpu`),
-and the computation is widened to double precision (:func:`to_float64`), fused batch
-norms included (:func:`~.batchnorm.lower_batch_norms`)."""
+the captured variables of a TF2 function become variables of the graph
+(:func:`bind_captured`), and the computation is widened to double precision
+(:func:`to_float64`), fused batch norms included (:func:`~.batchnorm.lower_batch_norms`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from tagplan.planner.compile.graphdef import CapturedVariable
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.constants import tensor_ints
-from tagplan.planner.graph.protos import GraphDef, NodeDef
+from tagplan.planner.graph.protos import DTYPE_NAMES, GraphDef, NodeDef
 from tagplan.planner.topology import Cluster
 from tagplan.planner.verify.batchnorm import lower_batch_norms
 
-__all__ = ["lower_for_cpu", "to_float64"]
+__all__ = ["bind_captured", "lower_for_cpu", "to_float64"]
 
 _DT_FLOAT, _DT_DOUBLE, _REF = 1, 2, 100
+_DTYPES = {name: number for number, name in DTYPE_NAMES.items() if number < _REF}
 _WORKER_DEVICE = re.compile(r"^/job:worker/replica:0/task:(\d+)/device:(GPU|CPU):(\d+)$")
 
 
@@ -114,3 +118,31 @@ def _widen(tensor: Any) -> None:
     tensor.ClearField("float_val")
     tensor.dtype = _DT_DOUBLE
     tensor.tensor_content = values.astype(np.float64).tobytes()
+
+
+def bind_captured(graph_def: Any, captured: Mapping[str, CapturedVariable]) -> Any:
+    """A copy of ``graph_def`` whose resource placeholders named in ``captured`` are
+    ``VarHandleOp`` s of the value's dtype and shape, on the placeholder's device, each
+    its own variable (``shared_name`` its node name): the variables a runtime binds to a
+    TF2 function's captured handles (docs/run-a-plan.md), made part of the graph so a
+    session can assign, run and read them like a TF1 graph's."""
+    out = GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        spec = captured.get(node.name)
+        if spec is None:
+            continue
+        if spec.dtype is None or spec.shape is None:
+            raise InvalidInput(
+                f"captured variable {node.name}: the graph gives no dtype and shape for its "
+                "value (no read or whole write of it), so it cannot be created"
+            )
+        handle = NodeDef(name=node.name, op="VarHandleOp", device=node.device)
+        handle.attr["dtype"].type = _DTYPES[spec.dtype]
+        handle.attr["shape"].shape.SetInParent()
+        for size in spec.shape:
+            handle.attr["shape"].shape.dim.add().size = size
+        handle.attr["shared_name"].s = node.name.encode()
+        handle.attr["container"].s = b""
+        node.CopyFrom(handle)
+    return out

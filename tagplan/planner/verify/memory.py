@@ -25,7 +25,7 @@ def verification_bytes(ir: GraphIR, compiled: DistributedGraph, double: bool) ->
     The reference step holds less (one copy, one instance), and the initial and updated
     values wait on disk. Float64 doubles every floating-point byte. How the estimate
     compares with measured peaks: docs/verification.md."""
-    copies = compiled.device_map["variables"]
+    copies = compiled.variable_replicas()
     sizes = {n: int(ir.variable_bytes[ir.op_index(n)]) for n in copies}
     variables = sum(sizes[n] * len(copies[n]) for n in copies)
     # the largest variable read back from every copy, next to its expected value

@@ -6,12 +6,14 @@ helpers both runs share."""
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tagplan.planner.compile.graphdef import CapturedVariable, captured_variables
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
@@ -19,7 +21,7 @@ from tagplan.planner.graph.params import VARIABLE_OPS
 from tagplan.planner.graph.protos import GraphDef, dtype_name
 from tagplan.planner.graph.source import ZOO_PREFIX, load_graph_source
 from tagplan.planner.verify.batchnorm import RunningStatistic, per_replica_statistics
-from tagplan.planner.verify.lowering import to_float64
+from tagplan.planner.verify.lowering import bind_captured, to_float64
 from tagplan.planner.verify.values import ValueStore
 
 __all__ = [
@@ -55,9 +57,10 @@ class Original:
     graph_def: Any  # this package's GraphDef
     ir: GraphIR
     feed: dict[str, np.ndarray]
-    init: str
+    init: str | None  # None for a TF2 function: its captured variables get drawn values
     train: str | list[str]  # the train node, or every sink of the step
-    initial: ValueStore  # filled by the first reference step
+    initial: ValueStore  # filled by the first reference step, or drawn for a TF2 function
+    captured: dict[str, CapturedVariable] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -107,32 +110,30 @@ def _random_batch(
 
 
 def _load(
-    graph_spec: str, batch_size: int, image_size: int | None
-) -> tuple[Any, GraphIR, list[dict], str, str | None]:
-    """The graph at the verifying batch, its IR, input specs, init node and train node."""
+    graph_spec: str, batch_size: int, image_size: int | None, loss: str | None
+) -> tuple[Any, GraphIR, list[dict], str | None, str | None]:
+    """The graph at the verifying batch, its IR, input specs, init node (``None`` for a
+    TF2 function) and train node; ``loss`` names the loss node, as ``--loss`` does."""
     if graph_spec.startswith(ZOO_PREFIX):
         from tagplan.planner.zoo import generate
 
         name = graph_spec[len(ZOO_PREFIX) :]
         built = generate.build(name, batch_size=batch_size, image_size=image_size)
-        if not built.runnable or built.init_node is None:
-            raise InvalidInput(f"{graph_spec} cannot run on its own (its variables live outside)")
         graph_def = GraphDef.FromString(built.graph_def.SerializeToString())
         inputs = [dict(spec) for spec in built.inputs]
         ir = analyze(
             graph_def,
             batch_size=batch_size,
             batch_inputs=[spec["name"] for spec in inputs],
-            loss=built.loss_node,
+            loss=loss or built.loss_node,
         )
         return graph_def, ir, inputs, built.init_node, built.train_node
     if image_size is not None:
         raise InvalidInput("only a zoo model is rebuilt at another image size")
     graph_def = load_graph_source(graph_spec).graph_def
-    ir = analyze(graph_def)
+    ir = analyze(graph_def, loss=loss)
     names = {node.name: node for node in graph_def.node}
-    if "init" not in names:
-        raise InvalidInput(f"{graph_spec} has no 'init' node to initialize its variables")
+    init = "init" if "init" in names else None
     inputs = []
     for op in ir.batch_input_ops.tolist():
         node, shape = names[ir.op_names[op]], ir.tensor_shapes[int(ir.outputs(op)[0])]
@@ -140,7 +141,7 @@ def _load(
             raise InvalidInput(f"batch input {node.name} is not a placeholder of known shape")
         dtype = dtype_name(int(ir.tensor_dtype[int(ir.outputs(op)[0])]))
         inputs.append({"name": node.name, "dtype": dtype, "shape": list(shape)})
-    return graph_def, ir, inputs, "init", None
+    return graph_def, ir, inputs, init, None
 
 
 def open_session(tf: Any, graph: Any, devices: int) -> Any:
@@ -184,14 +185,41 @@ def assign_values(
         session.run([a[1] for a in batch], {a[0]: values[a[2]] for a in batch})
 
 
-def _variables(ir: GraphIR, double: bool) -> dict[str, int]:
-    """Every variable node and the bytes its value takes in the session."""
-    scale = 2 if double else 1
+def _variables(original: Original, double: bool) -> dict[str, int]:
+    """Every variable node, captured ones included, and the bytes its value takes in the
+    session."""
+    ir, scale = original.ir, 2 if double else 1
     return {
         ir.op_names[op]: scale * int(ir.variable_bytes[op])
         for op in range(ir.num_ops)
-        if ir.op_types[op] in VARIABLE_OPS
+        if ir.op_types[op] in VARIABLE_OPS or ir.op_names[op] in original.captured
     }
+
+
+def _captured_value(
+    name: str, spec: CapturedVariable, trainable: bool, seed: int, double: bool
+) -> np.ndarray:
+    """The initial value verification gives captured variable ``name``: a TF2 function
+    carries no initializer (docs/verification.md, "TF2 functions"). Drawn from ``seed``
+    and the name alone, so the reference and every replica get the same value: a
+    trainable parameter from a normal distribution scaled by its fan-in, other state
+    (optimizer slots, a step counter, a learning rate) non-negative, as a velocity must
+    be: uniform in [0, 1) or an integer below 4."""
+    if spec.dtype is None or spec.shape is None:
+        raise InvalidInput(
+            f"captured variable {name}: the graph gives no dtype and shape for its value "
+            "(no read or whole write of it), so verification cannot create it"
+        )
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind in "biu":
+        return rng.integers(0, 2 if dtype == np.bool_ else 4, spec.shape).astype(dtype)
+    if trainable:
+        fan_in = int(np.prod(spec.shape[:-1])) if len(spec.shape) > 1 else 1
+        value = rng.standard_normal(spec.shape) / np.sqrt(fan_in)
+    else:
+        value = rng.uniform(0.0, 1.0, spec.shape)
+    return value.astype(np.float64 if double and dtype == np.float32 else dtype)
 
 
 def load_original(
@@ -201,12 +229,20 @@ def load_original(
     seed: int,
     double: bool,
     initial: ValueStore,
+    loss: str | None = None,
 ) -> Original:
-    """The graph to verify at the verifying batch; ``initial`` (empty) will hold the
-    values its initializer gives the variables."""
-    graph_def, ir, inputs, init, train = _load(graph_spec, batch_size, image_size)
+    """The graph to verify at the verifying batch, its loss named ``loss`` (default: the
+    graph's); ``initial`` (empty) will hold the values its initializer gives the
+    variables, or holds at once those drawn for a TF2 function's captured variables."""
+    graph_def, ir, inputs, init, train = _load(graph_spec, batch_size, image_size, loss)
     if ir.loss_op < 0:
-        raise InvalidInput(f"{graph_spec} has no loss to compare")
+        raise InvalidInput(f"{graph_spec} has no loss to compare: name its loss node with --loss")
+    if init is None and any(kind in VARIABLE_OPS for kind in ir.op_types):
+        raise InvalidInput(f"{graph_spec} has no 'init' node to initialize its variables")
+    captured = captured_variables(ir)
+    trainable = set(ir.parameters.names) | set(ir.sparse_parameters.names)
+    for name, spec in captured.items():
+        initial.put(name, _captured_value(name, spec, name in trainable, seed, double))
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
     if double:
         feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
@@ -216,7 +252,7 @@ def load_original(
         train = [
             node.name for node in graph_def.node if node.name not in used and node.name in step
         ]
-    return Original(graph_spec, graph_def, ir, feed, init, train, initial)
+    return Original(graph_spec, graph_def, ir, feed, init, train, initial, captured)
 
 
 def run_reference(
@@ -228,17 +264,20 @@ def run_reference(
 ) -> Reference:
     """One step of the original graph, with per-replica batch statistics for ``splits``.
 
-    The first run initializes the variables with the graph's initializer and keeps their
-    values in ``original.initial``; later runs assign those values. The updated values go
+    The first run initializes the graph's own (TF1) variables with its initializer and
+    keeps their values in ``original.initial``; every run assigns the values held there:
+    those of later runs, and those drawn for a TF2 function's captured variables (bound
+    as variables, :func:`.bind_captured`). The updated values go
     to ``updated``. Both move a batch at a time: neither is held in memory whole.
     """
     graph_def, running = original.graph_def, {}
     if splits:
         graph_def, running = per_replica_statistics(graph_def, original.ir, dict(splits))
-    sizes = _variables(original.ir, double)
+    sizes = _variables(original, double)
     names = list(sizes)
     with tf.Graph().as_default() as graph:
-        runnable = to_float64(graph_def) if double else graph_def
+        runnable = bind_captured(graph_def, original.captured)
+        runnable = to_float64(runnable) if double else runnable
         tf.compat.v1.import_graph_def(
             tf.compat.v1.GraphDef.FromString(runnable.SerializeToString()), name=""
         )
@@ -247,13 +286,13 @@ def run_reference(
             train = original.train
         else:
             train = tf.group(*[graph.get_operation_by_name(n) for n in original.train])
-        first = len(original.initial) == 0
-        assigns = {} if first else {n: (*assigner(tf, graph, n), n) for n in names}
+        initial = original.initial
+        fresh = {n: size for n, size in sizes.items() if n not in initial}
+        assigns = {n: (*assigner(tf, graph, n), n) for n in names if n not in fresh}
         with open_session(tf, graph, 1) as session:
-            initial = original.initial
-            if first:
+            if fresh:
                 session.run(original.init)
-                _read_into(session, reads, initial, sizes)
+                _read_into(session, reads, initial, fresh)
             assign_values(session, assigns, initial)
             fed = {f"{name}:0": value for name, value in original.feed.items()}
             loss_node = f"{original.ir.op_names[original.ir.loss_op]}:0"
