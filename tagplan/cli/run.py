@@ -57,7 +57,7 @@ def run_command(
         bool,
         typer.Option(
             "--check-replicas",
-            help="Task 0: report how far a variable's replicas differ after any step.",
+            help="Task 0: report how far a variable's replicas differ after the start or any step.",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Task 0: print one JSON object.")] = False,

@@ -1,6 +1,7 @@
 """``tagplan run``'s bad input: one line on stderr and exit code 2, before anything starts
-(a missing or mismatched plan, a wrong task or address, no batches), and a worker that
-never answers is refused after ``--connect-timeout-s``, not waited for."""
+(a missing or mismatched plan, a wrong task or address, no batches, a checkpoint that lacks a
+captured variable, a plan with both kinds of variables), and a worker that never answers
+is refused after ``--connect-timeout-s``, not waited for."""
 
 from __future__ import annotations
 
@@ -27,17 +28,18 @@ from tagplan.planner.run.plan_dir import (
     load_plan,
     synthetic_batches,
 )
+from tagplan.planner.verify.reference import load_tensorflow
 from tests.planner.run.test_run import CLUSTERS, REPO, free_ports
 
 runner = CliRunner()
 
 
-def _compile(tmp_path: Path, strategy: str) -> Path:
+def _compile(tmp_path: Path, strategy: str, model: str = "mlp") -> Path:
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps(CLUSTERS["two_by_two"]))
-    out = tmp_path / strategy
+    out = tmp_path / f"{model}-{strategy}"
     result = runner.invoke(
-        app, ["compile", "zoo:mlp", "-c", str(cluster), "-s", strategy, "-o", str(out)]
+        app, ["compile", f"zoo:{model}", "-c", str(cluster), "-s", strategy, "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
     return out
@@ -46,7 +48,8 @@ def _compile(tmp_path: Path, strategy: str) -> Path:
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("plans")
-    return {name: _compile(root, name) for name in ("dp-nccl", "dp-ps")}
+    found = {name: _compile(root, name) for name in ("dp-nccl", "dp-ps")}
+    return {**found, "tf2": _compile(root, "dp-nccl", "mlp_tf2")}
 
 
 def _refused(*args: str) -> str:
@@ -162,3 +165,40 @@ def test_synthetic_batches_need_known_shapes(plans: dict[str, Path]) -> None:
     unknown = dataclasses.replace(plan, graph_def=graph_def)
     with pytest.raises(InvalidInput, match="unknown size"):
         next(iter(synthetic_batches(unknown)))
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(
+    ("saved", "message"),
+    [
+        ({"dense_0/bias": np.zeros(256, np.float32)}, "holds no 'dense_0/kernel'"),
+        (
+            {"dense_0/kernel": np.zeros(3, np.float32)},
+            "'dense_0/kernel' is float32 [3]; the plan's is float32 [784, 256]",
+        ),
+    ],
+)
+def test_a_checkpoint_without_a_captured_variable_is_refused_before_anything_starts(
+    plans: dict[str, Path], tmp_path: Path, saved: dict[str, np.ndarray], message: str
+) -> None:
+    prefix = str(tmp_path / "ckpt")
+    load_tensorflow().raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=list(saved),
+        shape_and_slices=[""] * len(saved),
+        tensors=list(saved.values()),
+    )
+    args = ["--task", "0", "--workers", WORKERS, "--steps", "0", "--restore", prefix]
+    assert message in _refused(str(plans["tf2"]), *args)
+
+
+def test_a_plan_with_both_kinds_of_variables_is_refused(
+    plans: dict[str, Path], tmp_path: Path
+) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(plans["tf2"], mixed)
+    device_map = json.loads((mixed / "device_map.json").read_text())
+    device_map["variables"] = {"w": ["w/replica_0"]}
+    (mixed / "device_map.json").write_text(json.dumps(device_map))
+    args = ["--task", "0", "--workers", WORKERS, "--steps", "0"]
+    assert "both TF1 variables and captured variables" in _refused(str(mixed), *args)

@@ -3,4 +3,5 @@
 
 :mod:`.plan_dir` reads and checks a plan directory and splits batches over the replica
 placeholders; :mod:`.cpu` turns a plan's GPUs into CPU devices for a trial on one
-machine; :mod:`.runtime` starts the servers and runs the steps."""
+machine; :mod:`.captured` binds, initializes, saves and restores a TF2 function's
+captured variables; :mod:`.runtime` starts the servers and runs the steps."""

@@ -53,6 +53,12 @@ class Plan:
         return list(self.device_map["tasks"][str(task)]["gpus"])
 
     @property
+    def captured(self) -> dict[str, dict[str, Any]]:
+        """A TF2 function's captured variables: original placeholder -> the device map's
+        entry (docs/run-a-plan.md); empty for a TF1 graph."""
+        return self.device_map.get("captured_variables", {})
+
+    @property
     def batch_size(self) -> int:
         """Rows of a whole batch: the end of the last replica's rows."""
         return max(

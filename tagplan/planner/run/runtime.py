@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ from typing import Any
 import numpy as np
 
 from tagplan.planner.errors import InvalidInput, PlannerError
+from tagplan.planner.run import captured
 from tagplan.planner.run.cpu import on_cpu
 from tagplan.planner.run.plan_dir import Plan
-from tagplan.planner.verify.reference import load_tensorflow, reader
+from tagplan.planner.verify.reference import assign_values, load_tensorflow, reader
+from tagplan.planner.verify.values import ValueStore
 
 __all__ = ["RunFailed", "RunOptions", "RunResult", "serve", "train"]
 
@@ -178,6 +181,35 @@ def _replica_difference(session: Any, readers: Mapping[str, list]) -> tuple[floa
     return difference, worst
 
 
+def _note_replicas(result: RunResult, session: Any, readers: Mapping[str, list]) -> None:
+    """Keep in ``result`` the largest difference between replicas found so far."""
+    if readers:
+        found, variable = _replica_difference(session, readers)
+        if result.replica_difference is None or found > result.replica_difference:
+            result.replica_difference, result.worst_variable = found, variable
+
+
+def _start(
+    tf: Any,
+    session: Any,
+    plan: Plan,
+    restored: str | None,
+    assigns: Mapping[str, tuple[Any, Any, str]],
+    values: ValueStore,
+) -> None:
+    """Initialize or restore: TF1 variables by the plan's own ``init`` or ``restore`` ops,
+    captured ones by assigning every replica its value in ``values``."""
+    checkpoint = plan.device_map["checkpoint"]
+    if restored:
+        try:
+            session.run(checkpoint["restore"], {f"{checkpoint['filename']}:0": restored})
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
+            raise InvalidInput(f"cannot restore {restored}: {_first_line(exc)}") from None
+    else:
+        session.run(plan.device_map["init"])
+    assign_values(session, assigns, values)
+
+
 def train(
     plan: Plan,
     options: RunOptions,
@@ -191,69 +223,74 @@ def train(
 ) -> RunResult:
     """Run task 0: start its server, wait for the others, initialize or restore, run
     ``steps`` steps on ``batches`` (whole batches, split by :meth:`Plan.split`), save,
-    and tell the other tasks to stop."""
+    and tell the other tasks to stop. A TF2 plan's captured variables get their values
+    (drawn, or read from ``restore``) before the server starts, so a checkpoint that does
+    not fit is refused at once."""
     device_map = plan.device_map
     if not restore and device_map["uninitialized"]:
         names = device_map["uninitialized"]
         raise InvalidInput(
             f"{len(names)} variables ({names[0]}, ...) have no initializer: --restore a checkpoint"
         )
-    tf = load_tensorflow()
-    server = _server(tf, plan, options)
-    wait_for_workers(options.workers, options.task, options.connect_timeout_s)
-    graph_def = on_cpu(plan.graph_def) if options.cpu else plan.graph_def
-    result = RunResult()
-    with tf.Graph().as_default() as graph:
-        tf.compat.v1.import_graph_def(
-            tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString()), name=""
+    if plan.captured and device_map["variables"]:
+        raise InvalidInput(
+            "the plan has both TF1 variables and captured variables: tagplan run initializes, "
+            "saves and restores one kind or the other"
         )
-        signals = [_done_queue(tf, t).enqueue(0) for t in range(1, plan.num_tasks)]
-        checkpoint = device_map["checkpoint"]
-        prefix = f"{checkpoint['filename']}:0"
-        fetch = [f"{device_map['loss']}:0", device_map["train_op"]]
-        with tf.compat.v1.Session(
-            server.target, config=_session_config(tf, options, False)
-        ) as session:
-            try:
-                if restore:
-                    result.restored = _checkpoint_prefix(tf, restore)
-                    try:
-                        session.run(checkpoint["restore"], {prefix: result.restored})
-                    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
-                        raise InvalidInput(
-                            f"cannot restore {restore}: {_first_line(exc)}"
-                        ) from None
-                else:
-                    session.run(device_map["init"])
-                readers = (
-                    _replica_readers(tf, graph, device_map["variables"]) if check_replicas else {}
-                )
-                steps_s = 0.0
-                for step, batch in zip(range(steps), batches, strict=False):
-                    started = time.perf_counter()
-                    try:
-                        loss, _ = session.run(fetch, plan.split(batch))
-                    except ValueError as exc:
-                        raise InvalidInput(f"step {step}: {_first_line(exc)}") from None
-                    steps_s += time.perf_counter() - started
-                    result.losses.append(float(loss))
-                    if on_step is not None:
-                        on_step(step, float(loss))
-                    if readers:  # replicas must agree after every step
-                        found, variable = _replica_difference(session, readers)
-                        if result.replica_difference is None or found > result.replica_difference:
-                            result.replica_difference, result.worst_variable = found, variable
-                result.steps_s = steps_s
-                if save:
-                    target = Path(save).resolve()
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    session.run(f"{checkpoint['save']}:0", {prefix: str(target)})
-                    result.saved = str(target)
-            except tf.errors.OpError as exc:
-                raise RunFailed(f"TensorFlow stopped the run: {_first_line(exc)}") from None
-            finally:
-                stop = tf.compat.v1.RunOptions(timeout_in_ms=_DONE_SIGNAL_MS)
-                for signal in signals:  # a task that is gone needs no signal
-                    with contextlib.suppress(tf.errors.OpError):
-                        session.run(signal, options=stop)
+    tf = load_tensorflow()
+    restored = _checkpoint_prefix(tf, restore) if restore else None
+    with tempfile.TemporaryDirectory(prefix="tagplan-run-") as scratch:
+        values = ValueStore(Path(scratch))
+        if plan.captured and restored:
+            captured.checkpoint_values(tf, plan, restored, values)
+        elif plan.captured:
+            captured.drawn_values(plan, values)
+        server = _server(tf, plan, options)
+        wait_for_workers(options.workers, options.task, options.connect_timeout_s)
+        graph_def = on_cpu(plan.graph_def) if options.cpu else plan.graph_def
+        graph_def = captured.bind(plan, graph_def)
+        result = RunResult(restored=restored)
+        with tf.Graph().as_default() as graph:
+            tf.compat.v1.import_graph_def(
+                tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString()), name=""
+            )
+            signals = [_done_queue(tf, t).enqueue(0) for t in range(1, plan.num_tasks)]
+            assigns = captured.assigns(tf, graph, plan)
+            if plan.captured:
+                prefix, save_op = captured.saver(tf, graph, plan, f"{_LEADER}/device:CPU:0")
+            else:
+                checkpoint = device_map["checkpoint"]
+                prefix, save_op = f"{checkpoint['filename']}:0", f"{checkpoint['save']}:0"
+            variables = {**device_map["variables"], **captured.replicas(plan)}
+            readers = _replica_readers(tf, graph, variables) if check_replicas else {}
+            fetch = [f"{device_map['loss']}:0", device_map["train_op"]]
+            with tf.compat.v1.Session(
+                server.target, config=_session_config(tf, options, False)
+            ) as session:
+                try:
+                    _start(tf, session, plan, restored, assigns, values)
+                    _note_replicas(result, session, readers)  # equal from the start
+                    for step, batch in zip(range(steps), batches, strict=False):
+                        started = time.perf_counter()
+                        try:
+                            loss, _ = session.run(fetch, plan.split(batch))
+                        except ValueError as exc:
+                            raise InvalidInput(f"step {step}: {_first_line(exc)}") from None
+                        result.steps_s += time.perf_counter() - started
+                        result.losses.append(float(loss))
+                        if on_step is not None:
+                            on_step(step, float(loss))
+                        _note_replicas(result, session, readers)
+                    if save:
+                        target = Path(save).resolve()
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        session.run(save_op, {prefix: str(target)})
+                        result.saved = str(target)
+                except tf.errors.OpError as exc:
+                    raise RunFailed(f"TensorFlow stopped the run: {_first_line(exc)}") from None
+                finally:
+                    stop = tf.compat.v1.RunOptions(timeout_in_ms=_DONE_SIGNAL_MS)
+                    for signal in signals:  # a task that is gone needs no signal
+                        with contextlib.suppress(tf.errors.OpError):
+                            session.run(signal, options=stop)
     return result

@@ -24,14 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from tagplan.planner.compile.graphdef import CapturedVariable, DistributedGraph, compile_graphdef
+from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Strategy, load_strategy, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 from tagplan.planner.verify.batchnorm import batch_norm_splits, running_copies
 from tagplan.planner.verify.compare import Tolerance, compare, largest_magnitude
-from tagplan.planner.verify.lowering import bind_captured, lower_for_cpu, to_float64
+from tagplan.planner.verify.lowering import (
+    bind_captured,
+    lower_for_cpu,
+    replica_bindings,
+    to_float64,
+)
 from tagplan.planner.verify.memory import GIB, available_bytes, verification_bytes
 from tagplan.planner.verify.reference import (
     Reference,
@@ -170,15 +175,6 @@ def check_variable(
     return _check(name, found, tolerance)
 
 
-def _bound(compiled: DistributedGraph) -> dict[str, CapturedVariable]:
-    """Each replica placeholder of a captured variable -> the variable it is bound to."""
-    return {
-        replica["placeholder"]: CapturedVariable(entry["dtype"], entry["shape"])
-        for entry in compiled.device_map.get("captured_variables", {}).values()
-        for replica in entry["replicas"]
-    }
-
-
 def _run_compiled(
     tf: Any,
     reference: Reference,
@@ -207,7 +203,9 @@ def _run_compiled(
     if problems:
         return VerifyReport(passed=False, problems=tuple(problems), **base)
     try:
-        lowered = bind_captured(lower_for_cpu(compiled.graph_def, cluster), _bound(compiled))
+        lowered = bind_captured(
+            lower_for_cpu(compiled.graph_def, cluster), replica_bindings(compiled.device_map)
+        )
         if double:
             lowered = to_float64(lowered)
         with tf.Graph().as_default() as graph:

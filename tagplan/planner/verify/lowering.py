@@ -19,7 +19,12 @@ from tagplan.planner.graph.protos import DTYPE_NAMES, GraphDef, NodeDef
 from tagplan.planner.topology import Cluster
 from tagplan.planner.verify.batchnorm import lower_batch_norms
 
-__all__ = ["bind_captured", "lower_for_cpu", "to_float64"]
+__all__ = [
+    "bind_captured",
+    "lower_for_cpu",
+    "replica_bindings",
+    "to_float64",
+]
 
 _DT_FLOAT, _DT_DOUBLE, _REF = 1, 2, 100
 _DTYPES = {name: number for number, name in DTYPE_NAMES.items() if number < _REF}
@@ -118,6 +123,16 @@ def _widen(tensor: Any) -> None:
     tensor.ClearField("float_val")
     tensor.dtype = _DT_DOUBLE
     tensor.tensor_content = values.astype(np.float64).tobytes()
+
+
+def replica_bindings(device_map: Mapping[str, Any]) -> dict[str, CapturedVariable]:
+    """Each replica placeholder of a captured variable in a compiled graph's device map ->
+    the variable (dtype, shape) it is bound to."""
+    return {
+        replica["placeholder"]: CapturedVariable(entry["dtype"], entry["shape"])
+        for entry in device_map.get("captured_variables", {}).values()
+        for replica in entry["replicas"]
+    }
 
 
 def bind_captured(graph_def: Any, captured: Mapping[str, CapturedVariable]) -> Any:

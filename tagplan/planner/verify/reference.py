@@ -196,7 +196,7 @@ def _variables(original: Original, double: bool) -> dict[str, int]:
     }
 
 
-def _captured_value(
+def captured_value(
     name: str, spec: CapturedVariable, trainable: bool, seed: int, double: bool
 ) -> np.ndarray:
     """The initial value verification gives captured variable ``name``: a TF2 function
@@ -242,7 +242,7 @@ def load_original(
     captured = captured_variables(ir)
     trainable = set(ir.parameters.names) | set(ir.sparse_parameters.names)
     for name, spec in captured.items():
-        initial.put(name, _captured_value(name, spec, name in trainable, seed, double))
+        initial.put(name, captured_value(name, spec, name in trainable, seed, double))
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
     if double:
         feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
