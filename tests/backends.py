@@ -15,6 +15,13 @@ POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _reachable(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,10 @@ from tagplan.service.client import ServiceUnreachable, TagplanClient
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.schemas import PlanOptionsIn
 from tagplan.settings import Settings
-from tests.backends import environment_without_settings
+from tests.backends import environment_without_settings, free_port
 
 TENANT = "acme"
 """The tenant of the job and of the key that polls it."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -61,7 +54,7 @@ def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
             )
         )
         _, token = create_key(session, scopes=["read"], tenant=TENANT)
-    port = _free_port()
+    port = free_port()
     env = environment_without_settings()
     env["TAGPLAN_DATA_DIR"] = str(tmp_path)
     server = subprocess.Popen(

@@ -4,6 +4,7 @@ workers (``tagplan worker``) on the Redis and PostgreSQL of this machine."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,16 +22,15 @@ from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.session import session_scope
 from tagplan.service.client import TagplanClient
-from tests.backends import environment_without_settings, fresh_postgres_database, reset_redis
+from tests.backends import (
+    environment_without_settings,
+    free_port,
+    fresh_postgres_database,
+    reset_redis,
+)
 
 VISIBILITY_TIMEOUT_S = 6
 """Short, so a task of a killed worker comes back within seconds."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -93,7 +93,7 @@ def running_stack(
         upgrade(database_url)
         with session_scope(database_url) as session:
             _, token = create_key(session, scopes=["admin"], name="tests")
-        port = _free_port()
+        port = free_port()
         environment = {
             **environment_without_settings(),
             "TAGPLAN_DATABASE_URL": database_url,
@@ -132,3 +132,49 @@ def wait_ready(url: str, logs: Path, timeout_s: float = 60) -> None:
             pass
         time.sleep(0.3)
     raise AssertionError("API not ready: " + (logs / "api.log").read_text()[-3000:])
+
+
+class OwnRedis:
+    """A ``redis-server`` without persistence on a port of its own."""
+
+    def __init__(self, logs: Path) -> None:
+        self.port = free_port()
+        self.logs = logs
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+        self.process = subprocess.Popen(
+            ["redis-server", *args, "no"],
+            stdout=(self.logs / "redis.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[OwnRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = OwnRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -6,11 +6,7 @@ steps that finished, and all eight succeed, each finished once."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,62 +14,10 @@ from sqlalchemy import select
 
 from tagplan.db.models import JobStep
 from tagplan.db.session import session_scope
-from tests.workers.conftest import Stack, running_stack, wait_ready
+from tests.workers.conftest import OwnRedis, Stack, running_stack, wait_ready
 
 JOBS = 8
 BUDGET_S = 5
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class OwnRedis:
-    """A ``redis-server`` without persistence on a port of its own."""
-
-    def __init__(self, logs: Path) -> None:
-        self.port = _free_port()
-        self.logs = logs
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
-        self.process = subprocess.Popen(
-            ["redis-server", *args, "no"],
-            stdout=(self.logs / "redis.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait(10)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[OwnRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = OwnRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def _finish_attempts(stack: Stack, job_id: str) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,19 +20,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tagplan.db.session import engine_for
-from tests.workers.conftest import running_stack
-from tests.workers.test_broker_restart import OwnRedis
+from tests.backends import free_port
+from tests.workers.conftest import OwnRedis, running_stack
 
 JOBS = 6
 BUDGET_S = 4
 DOWN_S = 8
 """How long PostgreSQL stays down: within the workers' retries (ten, 5 s apart)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class OwnPostgres:
@@ -46,7 +39,7 @@ class OwnPostgres:
         self.root = Path(tempfile.mkdtemp(prefix="tagplan-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self.as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
@@ -111,18 +104,6 @@ def postgres_server(tmp_path: Path) -> Iterator[OwnPostgres]:
     finally:
         engine_for.cache_clear()  # no engine of this process keeps the dead URL
         server.remove(tmp_path)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[OwnRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = OwnRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,7 @@ from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.models import Job
 from tagplan.db.session import session_scope
-from tests.backends import environment_without_settings
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.backends import environment_without_settings, free_port
 
 
 def test_broker_down(tmp_path: Path) -> None:
@@ -31,11 +24,11 @@ def test_broker_down(tmp_path: Path) -> None:
     upgrade(database_url)
     with session_scope(database_url) as session:
         _, token = create_key(session, scopes=["admin"])
-    port = _free_port()
+    port = free_port()
     env = {
         **environment_without_settings(),
         "TAGPLAN_DATABASE_URL": database_url,
-        "TAGPLAN_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0",  # nothing listens
+        "TAGPLAN_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
     }
     api = subprocess.Popen(
         [sys.executable, "-m", "tagplan", "serve", "--port", str(port)],
