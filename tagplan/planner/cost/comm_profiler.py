@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tagplan.planner.tensorflow_import import import_tensorflow
+
 from ..errors import InvalidInput
 from .comm_profile import CommProfile, Measurement, profile_from_measurements
 
@@ -56,15 +58,6 @@ def _check_options(devices: int, repeats: int) -> None:
         raise InvalidInput(f"devices must be an integer >= 2, got {devices!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InvalidInput(f"repeats must be an integer >= 1, got {repeats!r}")
-
-
-def _import_tensorflow() -> Any:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        import tensorflow as tf
-    except ImportError as exc:
-        raise InvalidInput("measuring communication needs TensorFlow; install tagplan[tf]") from exc
-    return tf
 
 
 def _tf_devices(tf: Any, count: int) -> tuple[list[str], str, str]:
@@ -113,7 +106,7 @@ def _timed(
 
 def _measure(count: int, sizes: Sequence[int], repeats: int) -> tuple[list[Measurement], str, str]:
     """Measure in this process: (measurements, device kind, description)."""
-    tf = _import_tensorflow()
+    tf = import_tensorflow("measuring communication needs TensorFlow; install tagplan[tf]")
     names, kind, where = _tf_devices(tf, count)
     sync = tf.test.experimental.sync_devices
     # Per-device ordering tokens keep the k collective ops of one call unordered with

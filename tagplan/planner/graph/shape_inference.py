@@ -6,25 +6,19 @@ TensorFlow is imported only here and only when a graph needs it: a graph exporte
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.parsed import Shape
+from tagplan.planner.tensorflow_import import import_tensorflow
 
 __all__ = ["infer_shapes"]
 
 
-def _import_tensorflow() -> Any:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        import tensorflow as tf
-    except ImportError as exc:
-        raise InvalidInput(
-            "graph lacks static shapes (_output_shapes) and TensorFlow is not installed to "
-            "infer them; export with as_graph_def(add_shapes=True) or install tagplan[tf]"
-        ) from exc
-    return tf
+_NO_TENSORFLOW = (
+    "graph lacks static shapes (_output_shapes) and TensorFlow is not installed to infer "
+    "them; export with as_graph_def(add_shapes=True) or install tagplan[tf]"
+)
 
 
 def infer_shapes(graph_def: Any, batch_dims: dict[str, int]) -> dict[str, list[Shape]]:
@@ -32,7 +26,7 @@ def infer_shapes(graph_def: Any, batch_dims: dict[str, int]) -> dict[str, list[S
 
     ``graph_def`` is this package's ``GraphDef``; it is handed to TensorFlow as bytes.
     """
-    tf = _import_tensorflow()
+    tf = import_tensorflow(_NO_TENSORFLOW)
     tf_graph_def = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
     for node in tf_graph_def.node:
         if node.name in batch_dims and "shape" in node.attr:

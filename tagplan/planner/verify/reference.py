@@ -5,7 +5,6 @@ helpers both runs share."""
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.params import VARIABLE_OPS
 from tagplan.planner.graph.protos import GraphDef, dtype_name
 from tagplan.planner.graph.source import ZOO_PREFIX, load_graph_source
+from tagplan.planner.tensorflow_import import import_tensorflow
 from tagplan.planner.verify.batchnorm import RunningStatistic, per_replica_statistics
 from tagplan.planner.verify.lowering import bind_captured, to_float64
 from tagplan.planner.verify.values import ValueStore
@@ -87,12 +87,7 @@ class Reference:
 
 
 def load_tensorflow() -> Any:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        import tensorflow as tf
-    except ImportError as exc:
-        raise InvalidInput("verification runs TensorFlow; install tagplan[tf]") from exc
-    return tf
+    return import_tensorflow("verification runs TensorFlow; install tagplan[tf]")
 
 
 def _random_batch(
