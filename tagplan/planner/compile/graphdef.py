@@ -815,13 +815,12 @@ class _GraphDefCompilation:
         trainable parameter, and per replica the placeholder a runtime binds a variable of
         its own to and that placeholder's device (docs/run-a-plan.md)."""
         ir, placement = self.ir, self.placement
-        trainable = set(ir.parameters.names) | set(ir.sparse_parameters.names)
         return {
             name: {
                 "variable": self.variable_names.get(name),
                 "dtype": spec.dtype,
                 "shape": spec.shape,
-                "trainable": name in trainable,
+                "trainable": name in ir.trainable_names,
                 "replicas": [
                     {
                         "placeholder": self.instance_node[inst],

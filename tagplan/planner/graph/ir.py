@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -146,6 +147,11 @@ class GraphIR:
     @property
     def param_bytes(self) -> int:
         return int(self.parameters.bytes.sum())
+
+    @cached_property
+    def trainable_names(self) -> frozenset[str]:
+        """Node names of every trainable variable: dense and sparse parameters."""
+        return frozenset(self.parameters.names) | frozenset(self.sparse_parameters.names)
 
     def split_category_counts(self) -> dict[str, int]:
         counts = Counter(SplitCategory(int(c)).label for c in self.split_category)

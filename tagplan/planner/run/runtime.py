@@ -248,7 +248,8 @@ def train(
         server = _server(tf, plan, options)
         wait_for_workers(options.workers, options.task, options.connect_timeout_s)
         graph_def = on_cpu(plan.graph_def) if options.cpu else plan.graph_def
-        graph_def = captured.bind(plan, graph_def)
+        if plan.captured:
+            graph_def = captured.bind(plan, graph_def)
         result = RunResult(restored=restored)
         with tf.Graph().as_default() as graph:
             tf.compat.v1.import_graph_def(

@@ -117,8 +117,9 @@ def spread_bound_s(times_s: np.ndarray, counts: np.ndarray) -> float:
                     return dual(trial)
 
                 share = _golden_max(along, 0.0, total)
-                if along(share) > best:
-                    best = along(share)
+                value = along(share)
+                if value > best:
+                    best = value
                     w[i], w[j] = share, total - share
     return best
 

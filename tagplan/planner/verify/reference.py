@@ -235,9 +235,8 @@ def load_original(
     if init is None and any(kind in VARIABLE_OPS for kind in ir.op_types):
         raise InvalidInput(f"{graph_spec} has no 'init' node to initialize its variables")
     captured = captured_variables(ir)
-    trainable = set(ir.parameters.names) | set(ir.sparse_parameters.names)
     for name, spec in captured.items():
-        initial.put(name, captured_value(name, spec, name in trainable, seed, double))
+        initial.put(name, captured_value(name, spec, name in ir.trainable_names, seed, double))
     feed = _random_batch(inputs, ir.batch_size, np.random.default_rng(seed))
     if double:
         feed = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feed.items()}
