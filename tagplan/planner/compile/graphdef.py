@@ -222,11 +222,18 @@ class _Emitter:
 
     taken: set[str]
     nodes: dict[str, Any] = field(default_factory=dict)
+    # the next suffix to try for a wanted name: many nodes want the same one (a restore
+    # per replica), and counting from 1 each time would make naming quadratic
+    _next_suffix: dict[str, int] = field(default_factory=dict)
 
     def name(self, wanted: str) -> str:
-        name, k = wanted, 1
-        while name in self.taken:
-            name, k = f"{wanted}_{k}", k + 1
+        name, k = wanted, self._next_suffix.get(wanted, 1)
+        if name in self.taken:
+            name = f"{wanted}_{k}"
+            while name in self.taken:
+                k += 1
+                name = f"{wanted}_{k}"
+            self._next_suffix[wanted] = k + 1
         self.taken.add(name)
         return name
 
