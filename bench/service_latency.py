@@ -22,10 +22,6 @@ import base64
 import gc
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,9 +30,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from sqlalchemy import create_engine, text
 
 from bench.report import write_section
+from bench.stack import free_port, fresh_database, spawn, stop, wait_ready
 from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.session import session_scope
@@ -44,38 +40,6 @@ from tagplan.planner.topology import dumps_cluster_spec, load_cluster
 from tagplan.planner.zoo import catalog
 
 COMMAND = "python -m bench.service_latency --nice -10"
-DATABASE = "tagplan_bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _fresh_database(admin_url: str) -> str:
-    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-        connection.execute(text(f'CREATE DATABASE "{DATABASE}"'))
-    engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + f"/{DATABASE}"
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """``python -m tagplan ARGS`` in its own process group (children inherit our priority)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tagplan", *args],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(30)
 
 
 class _Connections:
@@ -161,18 +125,6 @@ def _shifted(make: Callable[[int], tuple], shift: int, i: int) -> tuple:
     return make(i + shift)
 
 
-def _wait_ready(url: str, logs: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, (logs / "api.log").read_text()[-2000:]
-        time.sleep(0.3)
-
-
 def _row(name: str, rate: float, runs: list[np.ndarray], errors: int) -> str:
     """Median p50 and p99 over the runs, the worst run's p99, the largest latency."""
     p50s, p99s = zip(*(np.percentile(r, [50, 99]) * 1e3 for r in runs), strict=True)
@@ -207,24 +159,24 @@ def main() -> None:
 
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     redis.Redis.from_url(args.redis).flushdb()
-    database_url = _fresh_database(args.postgres)
+    database_url = fresh_database(args.postgres)
     upgrade(database_url)
     with session_scope(database_url) as session:
         _, token = create_key(session, scopes=["admin"], name="bench", rate_limit=10**7)
     headers = {"Authorization": f"Bearer {token}"}
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "TAGPLAN_DATABASE_URL": database_url, "TAGPLAN_BROKER_URL": args.redis}
     logs = Path(tempfile.mkdtemp(prefix="tagplan-bench-"))
-    api = _spawn(["serve", "--port", str(port)], env, logs / "api.log")
-    uncached_url = f"http://127.0.0.1:{(uncached_port := _free_port())}"
+    api = spawn(["serve", "--port", str(port)], env, logs / "api.log")
+    uncached_url = f"http://127.0.0.1:{(uncached_port := free_port())}"
     uncached_env = {**env, "TAGPLAN_STRATEGY_CACHE_TTL_S": "0"}
-    uncached = _spawn(["serve", "--port", str(uncached_port)], uncached_env, logs / "api2.log")
-    worker = _spawn(["worker", "--pool", "solo"], env, logs / "worker.log")
+    uncached = spawn(["serve", "--port", str(uncached_port)], uncached_env, logs / "api2.log")
+    worker = spawn(["worker", "--pool", "solo"], env, logs / "worker.log")
     try:
         http = httpx.Client(base_url=url, headers=headers, timeout=30)
         for ready in (f"{url}/readyz", f"{uncached_url}/readyz"):
-            _wait_ready(ready, logs)
+            wait_ready(ready, logs)
         body = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 2}}
         job = http.post("/v1/jobs", json=body).json()
         while (job := http.get(f"/v1/jobs/{job['id']}").json())["status"] not in (
@@ -233,7 +185,7 @@ def main() -> None:
         ):
             time.sleep(0.5)
         assert job["status"] == "succeeded", job
-        _stop(worker)  # submitted jobs now only queue: the API alone is measured
+        stop(worker)  # submitted jobs now only queue: the API alone is measured
         result = http.get(f"/v1/jobs/{job['id']}/result").json()
         spec = json.loads(dumps_cluster_spec(load_cluster("testbed"), fmt="json"))
         spec["machines"] = [{**m, "name": f"n{i}"} for i, m in enumerate(spec["machines"][::-1])]
@@ -289,10 +241,10 @@ def main() -> None:
             rows.append(_row(name, rate, measured, errors))
             print(rows[-1], flush=True)
     finally:
-        _stop(api)
-        _stop(uncached)
+        stop(api)
+        stop(uncached)
         if worker.poll() is None:
-            _stop(worker)
+            stop(worker)
     table = "\n".join(
         [
             "| request | rate (req/s) | runs x requests | p50 (ms) | p99 (ms) | worst run p99 (ms) "

@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 _ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+MAX_HISTORY = 500
+"""Points of a job's progress history kept (the latest)."""
 
 
 def live_job(session: Session, tenant: str, key: str) -> Job | None:
@@ -87,7 +89,8 @@ def record_progress(
     best_step_time_s: float | None,
     best_speedup: float | None,
 ) -> None:
-    """Phase and progress of a running job (the best figures only ever improve)."""
+    """Phase and progress of a running job (the best figures only ever improve); each
+    improvement of the best step adds a point to the job's history."""
     job = session.get(Job, job_id)
     if job is None or job.status != JobStatus.RUNNING:
         return
@@ -99,6 +102,9 @@ def record_progress(
         job.best_step_time_s is None or best_step_time_s < job.best_step_time_s
     ):
         job.best_step_time_s = best_step_time_s
+        since = seconds_since(job.started_at) if job.started_at is not None else 0.0
+        point = [round(since, 3), job.iterations, best_step_time_s]
+        job.history = [*(job.history or [])[-(MAX_HISTORY - 1) :], point]
     job.updated_at = utcnow()
 
 

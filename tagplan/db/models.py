@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -165,7 +166,14 @@ class Job(Base):
     iterations: Mapped[int] = mapped_column(Integer, default=0)
     best_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
+    history: Mapped[list[list[float]] | None] = mapped_column(JSON, nullable=True)
+    """The search's progress over time: ``[seconds since start, iterations, best step
+    time in seconds]`` at each improvement (``workers/monitor.py``)."""
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    refines: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    """The anytime job whose answer this job goes on improving (its ``refine_s``)."""
+    refined_by: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    """The job improving this one's answer in the background."""
     dispatches: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """Times the job's workflow was sent to the broker: 1, plus one per recovery of a lost
     job (:mod:`tagplan.workers.sweeper`)."""
@@ -217,9 +225,29 @@ class Result(Base):
     device_map: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     graphdef_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
     trace_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
+    cost_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """Digest of the cost inputs the plan was computed with (``workers/cache.py``); a
+    result answers another job only under the same key. None: made before keys existed."""
+    planner_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    source: Mapped[str] = mapped_column(String(16), default="search", server_default="search")
+    """``search`` (planned) or ``cache`` (answered from ``cached_from``'s result)."""
+    cached_from: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    complete: Mapped[bool] = mapped_column(default=True, server_default=true())
+    """False for an anytime job's answer at its deadline, before the search had finished."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_results_cache", "graph_fingerprint", "cluster_fingerprint"),)
+
+
+class Analysis(Base):
+    """An analyzed graph (a pickled :class:`~tagplan.planner.graph.ir.GraphIR`) by the
+    digest of what it was analyzed from, so a job's steps and repeat jobs skip the
+    analysis (``workers/analyses.py``). Written and read by workers only."""
+
+    __tablename__ = "analyses"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Profile(Base):

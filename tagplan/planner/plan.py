@@ -57,7 +57,7 @@ from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
-from tagplan.planner.result import PlanResult
+from tagplan.planner.result import PlanResult, estimated_inputs
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
 from tagplan.planner.search.grouping import (
@@ -75,6 +75,7 @@ from tagplan.planner.search.mcts import (
 )
 from tagplan.planner.search.prior import Prior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
+from tagplan.planner.search.warm_start import start_actions
 from tagplan.planner.strategy import Strategy, load_strategy
 from tagplan.planner.topology import Cluster
 
@@ -133,7 +134,10 @@ class Planner:
     Construction runs the group and baseline phases, or takes them from ``prepared``
     (what :meth:`prepared` returned for the same inputs). ``deadline`` defaults to
     ``options.budget_s`` from now; ``graphdef`` says whether :meth:`finish` will compile
-    the distributed GraphDef, so the search leaves time for it.
+    the distributed GraphDef, so the search leaves time for it. ``start`` (a strategy
+    found before, in this cluster's device groups) warm-starts every search tree
+    (:mod:`~.search.warm_start`) and is a contender of :meth:`finish` as itself
+    (``chosen_from="start"``), so the plan is never slower than it.
     """
 
     def __init__(
@@ -150,11 +154,12 @@ class Planner:
         deadline: Deadline | None = None,
         prepared: dict | None = None,
         graphdef: bool = True,
+        start: Strategy | None = None,
     ) -> None:
         self.ir, self.cluster = ir, cluster
         self.options = options or PlanOptions()
         self.deadline = deadline or Deadline.after(self.options.budget_s)
-        self.prior, self.graphdef = prior, graphdef
+        self.prior, self.graphdef, self.start = prior, graphdef, start
         self._progress, self._cancel = progress, cancel
         self.phases: dict[str, PhaseReport] = {}
         self._phase: str | None = None
@@ -163,7 +168,7 @@ class Planner:
         costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
-        op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
+        self.op_time_s = op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
         if prepared is not None:
             self.grouping = grouping_of(ir, op_time_s, prepared["op_group"])
             self.baselines = {
@@ -304,13 +309,17 @@ class Planner:
         def report(p: SearchProgress) -> None:
             self._report("search", p.iterations, p.best_step_time_s)
 
+        search = self._search(seed)
         try:
-            outcome = self._search(seed).run(
+            outcome = search.run(
                 iterations=self.options.iterations,
                 budget_s=max(budget, 1e-3),
                 patience=self.options.patience,
                 progress=report,
                 cancel=self._cancel,
+                start=None
+                if self.start is None
+                else start_actions(self.start, search, self.op_time_s),
             )
         except BudgetExhausted:  # the deadline passed before the first iteration
             outcome = SearchOutcome.skipped(seed)
@@ -368,7 +377,6 @@ class Planner:
         bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
         self._leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
-        compute_measured = evaluation.compiled.measured_fraction
         return PlanResult(
             strategy=strategy,
             evaluation=evaluation,
@@ -382,15 +390,7 @@ class Planner:
                 (o.first_better_iteration for o in outcomes if o.first_better_iteration),
                 default=None,
             ),
-            estimated={
-                "compute_measured_fraction": compute_measured,
-                "compute": "measured"
-                if compute_measured >= 1
-                else "estimated"
-                if compute_measured <= 0
-                else "partly measured",
-                "communication": "fitted" if self.evaluator.comm.profile else "analytic",
-            },
+            estimated=estimated_inputs(evaluation, self.evaluator.comm),
             sfb=sfb_decisions,
             distributed=distributed,
             phases={k: v.to_dict() for k, v in self.phases.items()},
@@ -422,6 +422,8 @@ class Planner:
             start = best.actions if best else search.complete([0])
             _, evaluation = make_feasible(search, start)
             contenders.append(("search", evaluation.strategy))
+        if self.start is not None:
+            contenders.append(("start", self.start))
         return contenders
 
 

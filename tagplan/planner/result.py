@@ -7,15 +7,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tagplan.planner.compile.graphdef import DistributedGraph
+from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.evaluate import Evaluation
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.search.sfb import SfbDecision
 from tagplan.planner.sim.trace import chrome_trace
 from tagplan.planner.strategy import Strategy
 
-__all__ = ["PlanResult"]
+__all__ = ["PlanResult", "estimated_inputs"]
 
 GIB = 2**30
+
+
+def estimated_inputs(evaluation: Evaluation, comm: CommModel) -> dict[str, Any]:
+    """Which of a plan's inputs were measured and which estimated: the share of compute
+    time from measured profiles, and whether communication was fitted to a profile."""
+    measured = evaluation.compiled.measured_fraction
+    compute = "measured" if measured >= 1 else "estimated" if measured <= 0 else "partly measured"
+    return {
+        "compute_measured_fraction": measured,
+        "compute": compute,
+        "communication": "fitted" if comm.profile else "analytic",
+    }
 
 
 @dataclass(frozen=True, eq=False)

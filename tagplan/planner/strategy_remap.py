@@ -5,6 +5,12 @@ device group index and device name in it is rewritten. Which fields of a
 :class:`~tagplan.planner.strategy.GroupDecision` name device groups or devices is written
 down once, here, in :data:`DECISION_REMAPS`; every other field of the strategy models is
 listed as device-free, and a test fails when a field is in neither list.
+
+Two clusters with one canonical fingerprint differ only in machine names, machine order
+and GPU numbering; :class:`~tagplan.planner.topology.CanonicalOrder` relates each to the
+canonical numbering, so device group ``g`` of the source is group
+``target.canonical_to_group[source.group_to_canonical[g]]`` of the target, and likewise for
+devices: :class:`ClusterMapping` (the strategy cache's remapping, docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -12,14 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.strategy import GroupDecision, Strategy
+from tagplan.planner.strategy import GroupDecision, Strategy, load_strategy
+from tagplan.planner.topology import CanonicalOrder, Cluster
 
 __all__ = [
     "DECISION_REMAPS",
     "DEVICE_FREE_DECISION_FIELDS",
     "DEVICE_FREE_GROUP_FIELDS",
     "DEVICE_FREE_STRATEGY_FIELDS",
+    "ClusterMapping",
     "Renumbering",
     "remap_strategy",
 ]
@@ -109,3 +119,31 @@ def remap_strategy(
     ]
     default = None if strategy.default is None else _remap_decision(strategy.default, to)
     return strategy.model_copy(update={"groups": groups, "default": default})
+
+
+class ClusterMapping:
+    """Group and device correspondence from a ``source`` cluster to an isomorphic ``target``."""
+
+    def __init__(
+        self, source: tuple[Cluster, CanonicalOrder], target: tuple[Cluster, CanonicalOrder]
+    ) -> None:
+        (src, a), (dst, b) = source, target
+        if a.fingerprint != b.fingerprint:
+            raise InvalidInput("the clusters differ; a strategy cannot be remapped between them")
+        self.groups: list[int] = b.canonical_to_group[a.group_to_canonical].tolist()
+        self.devices: np.ndarray = b.canonical_to_device[a.device_to_canonical]
+        """Source device ``d`` is target device ``devices[d]``."""
+        self.device_names = {
+            src.device_names[i]: dst.device_names[int(to)] for i, to in enumerate(self.devices)
+        }
+
+    def strategy(self, document: dict[str, Any]) -> dict[str, Any]:
+        """A strategy JSON document with every group index and device name rewritten."""
+        strategy = remap_strategy(
+            load_strategy(document), device_groups=self.groups, devices=self.device_names
+        )
+        return strategy.model_dump(mode="json", exclude_none=True)
+
+    def per_device(self, values: dict[str, Any]) -> dict[str, Any]:
+        """A mapping keyed by device name (e.g. peak memory) in the target's names."""
+        return {self.device_names.get(name, name): value for name, value in values.items()}

@@ -154,15 +154,19 @@ class TagplanClient:
         return self._call("DELETE", f"/v1/jobs/{job_id}").json()
 
     def wait(self, job_id: str, *, timeout_s: float = 3600.0, poll_s: float = 1.0) -> dict:
-        """Poll until the job finishes; TimeoutError after ``timeout_s``."""
+        """Poll until the job finishes; TimeoutError after ``timeout_s``. Polls start 50 ms
+        apart and back off to ``poll_s``: a job answered from the cache is seen at once,
+        a long search costs one request per ``poll_s``."""
         deadline = time.monotonic() + timeout_s
+        interval_s = min(0.05, poll_s)
         while True:
             job = self.job(job_id)
             if job["status"] in FINISHED:
                 return job
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
-            time.sleep(poll_s)
+            time.sleep(interval_s)
+            interval_s = min(interval_s * 1.5, poll_s)
 
     def result(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/result").json()

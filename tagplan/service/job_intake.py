@@ -41,6 +41,7 @@ def job_public(job: Job, *, existing: bool = False) -> JobPublic:
             iterations=job.iterations,
             best_speedup=job.best_speedup,
             best_step_time_s=job.best_step_time_s,
+            history=job.history or [],
         ),
         graph_id=job.graph_id,
         cluster_id=job.cluster_id,
@@ -59,6 +60,8 @@ def job_public(job: Job, *, existing: bool = False) -> JobPublic:
             trace=f"{base}/trace",
         ),
         existing=existing,
+        refines=job.refines,
+        refined_by=job.refined_by,
     )
 
 
@@ -124,10 +127,13 @@ def _check_profiles(session: Session, caller: Principal, ids: list[str]) -> None
 
 
 def _check_options(settings: Settings, options: dict[str, Any]) -> None:
-    if options["budget_s"] > settings.max_budget_s:
-        raise Problem(
-            422, f"options.budget_s is {options['budget_s']}; the limit is {settings.max_budget_s}"
-        )
+    for name in ("budget_s", "refine_s"):
+        if (options[name] or 0) > settings.max_budget_s:
+            raise Problem(
+                422, f"options.{name} is {options[name]}; the limit is {settings.max_budget_s}"
+            )
+    if options["refine_s"] is not None and options["deadline_s"] is None:
+        raise Problem(422, "options.refine_s goes with options.deadline_s (an anytime job)")
     if options["shards"] > settings.max_shards:
         raise Problem(
             422, f"options.shards is {options['shards']}; the limit is {settings.max_shards}"

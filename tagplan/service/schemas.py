@@ -154,6 +154,27 @@ class PlanOptionsIn(_PlannerOptionsIn):
         max_length=100,
         description="ids of stored profiles the cost model uses (op profiles, at most one comm)",
     )
+    fresh: bool = Field(
+        default=False,
+        description="search even when a cached plan answers the job; the search starts "
+        "from that plan, so the answer is never slower",
+    )
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_S,
+        allow_inf_nan=False,
+        description="anytime: answer with the best plan found by then (complete: false "
+        "when the search had not finished)",
+    )
+    refine_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_S,
+        allow_inf_nan=False,
+        description="with deadline_s: search this much longer in the background after an "
+        "incomplete answer, improving the cached plan (the job's refined_by)",
+    )
 
 
 class JobCreate(BaseModel):
@@ -174,6 +195,11 @@ class Progress(BaseModel):
     iterations: int
     best_speedup: float | None
     best_step_time_s: float | None
+    history: list[list[float]] = Field(
+        default_factory=list,
+        description="[seconds since the job started, iterations, best step time in "
+        "seconds] at each improvement of the best step",
+    )
 
 
 class JobLinks(BaseModel):
@@ -203,6 +229,12 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     links: JobLinks
     existing: bool = Field(default=False, description="an identical job was submitted before")
+    refines: str | None = Field(
+        default=None, description="the anytime job whose answer this job improves"
+    )
+    refined_by: str | None = Field(
+        default=None, description="the job improving this job's answer in the background"
+    )
 
 
 class JobsPublic(BaseModel):
@@ -241,6 +273,20 @@ class ResultPublic(BaseModel):
     phases: dict[str, Any] = Field(
         default_factory=dict, description="per phase: status, seconds, note"
     )
+    source: Literal["search", "cache"] = Field(
+        default="search", description="planned by a search, or answered from the cache"
+    )
+    cached_from: str | None = Field(
+        default=None, description="the job whose cached plan answered this one"
+    )
+    warm_start: dict[str, Any] | None = Field(
+        default=None,
+        description="the cached plan the search started from: its job and how near it was "
+        "(same plan, batch size, machines)",
+    )
+    complete: bool = Field(
+        default=True, description="false for an anytime job's best plan at its deadline"
+    )
 
 
 class StrategyPublic(BaseModel):
@@ -255,6 +301,11 @@ class StrategyPublic(BaseModel):
     peak_memory_bytes: dict[str, int]
     strategy: dict[str, Any]
     remapped: bool = Field(description="rewritten from an isomorphic cluster's numbering")
+    source: Literal["search", "cache"] = "search"
+    stale: bool = Field(
+        default=False,
+        description="made by another planner version: listed, never used to answer a job",
+    )
     created_at: datetime
 
 

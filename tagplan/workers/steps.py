@@ -11,8 +11,10 @@ topology, profiles, options) and nothing of the search, the compiler or the simu
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,11 @@ from tagplan.db.blobs import get_blob, put_blob
 from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile, Result
 from tagplan.db.session import session_scope
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.strategy import load_strategy
+from tagplan.planner.version import planner_version
 from tagplan.settings import Settings
+from tagplan.workers.analyses import analysis_key, stored_analysis
+from tagplan.workers.cache import CachedPlan, cost_key, find_cached, find_near
 from tagplan.workers.monitor import JobMonitor
 
 if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
@@ -32,10 +38,13 @@ if TYPE_CHECKING:  # the planner's types, without importing its modules at run t
     from tagplan.planner.cost.profile import ProfileSource
     from tagplan.planner.graph.ir import GraphIR
     from tagplan.planner.options import PlanOptions
+    from tagplan.planner.strategy import Strategy
+    from tagplan.planner.strategy_remap import ClusterMapping
     from tagplan.planner.topology import Cluster
 
 __all__ = [
     "JobInputs",
+    "add_refinement",
     "analyze_step",
     "finish_step",
     "job_options",
@@ -59,6 +68,7 @@ class JobInputs:
     comm: CommModel | None
     deadline: Deadline
     prepared: dict[str, Any] | None = None
+    start: Strategy | None = None  # a cached plan's strategy the search starts from
 
 
 def shard_step(shard: int) -> str:
@@ -83,11 +93,17 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         data = get_blob(session, graph.blob_digest)
         batch_inputs, loss, batch_size = job.batch_inputs, job.loss, job.batch_size
         options = {k: v for k, v in job.options.items() if k in option_names()}
+        if job.options.get("deadline_s") is not None:  # anytime: the answer is due then
+            options["budget_s"] = min(options["budget_s"], job.options["deadline_s"])
         documents = _profile_documents(session, job.options.get("profiles", []))
         started_at = job.started_at or datetime.now(UTC)
         analyzed = job_state.step_output(session, job_id=job_id, step="analyze") or {}
     graph_def = loads_graph_def(data, max_bytes=settings.max_graph_bytes)
-    ir = analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss)
+    ir = stored_analysis(
+        settings.sqlalchemy_url,
+        analysis_key(graph.blob_digest, batch_inputs, loss, batch_size),
+        lambda: analyze(graph_def, batch_size=batch_size, batch_inputs=batch_inputs, loss=loss),
+    )
     if ir.num_ops > settings.max_ops:
         raise InvalidInput(
             f"the graph has {ir.num_ops} ops after simplification; the limit is {settings.max_ops}"
@@ -107,6 +123,7 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         comm,
         deadline,
         analyzed.get("prepared"),
+        load_strategy(analyzed["start"]["strategy"]) if analyzed.get("start") else None,
     )
 
 
@@ -138,14 +155,24 @@ def job_options(settings: Settings, job_id: str) -> dict[str, Any]:
         return dict(session.get(Job, job_id).options)
 
 
-def analyze_step(settings: Settings, job_id: str) -> None:
-    """Check that the graph analyzes and fits the limits before any search starts, then
-    group it and score the baselines once for every later step."""
+def analyze_step(settings: Settings, job_id: str) -> bool:
+    """Check that the graph analyzes and fits the limits before any search starts; answer
+    the job from the strategy cache when a plan for it exists (:mod:`~.cache`), else group
+    it and score the baselines once for every later step, with a cached plan to start
+    from when there is one. Returns whether the search is to run."""
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        if job_state.step_output(session, job_id=job_id, step="analyze") is not None:
-            return
+        done = job_state.step_output(session, job_id=job_id, step="analyze")
+        if done is not None:
+            return not done.get("cached_from")
     inputs = load_inputs(settings, job_id)
+    key = cost_key(job_options(settings, job_id))
+    cached, start = _cached_plans(settings, job_id, inputs, key)
+    if cached is not None:
+        _answer_from_cache(settings, job_id, inputs, cached, key)
+        return False
+    if start is not None:
+        inputs = replace(inputs, start=load_strategy(start["strategy"]))
     planner = _planner(inputs, JobMonitor(url, job_id))
     with session_scope(url) as session:
         job_state.save_step(
@@ -158,8 +185,158 @@ def analyze_step(settings: Settings, job_id: str) -> None:
                 "batch_size": inputs.ir.batch_size,
                 "graph_fingerprint": inputs.ir.fingerprint,
                 "prepared": planner.prepared(),
+                "start": start,
             },
         )
+    return True
+
+
+def _cached_plans(
+    settings: Settings, job_id: str, inputs: JobInputs, key: str
+) -> tuple[CachedPlan | None, dict[str, Any] | None]:
+    """The cached plan that answers the job (None with ``fresh``), and the strategy its
+    search starts from: that plan's (``fresh``) or a near miss's, adapted to the job's
+    cluster, as ``{"strategy", "job_id", "kind"}``."""
+    from tagplan.planner.search.warm_start import adapt_strategy
+    from tagplan.planner.topology import canonical_order, load_cluster
+
+    order = canonical_order(inputs.cluster)
+    with session_scope(settings.sqlalchemy_url) as session:
+        job = session.get(Job, job_id)
+        fresh = bool(job.options.get("fresh", False))
+        where = {"graph_fingerprint": inputs.ir.fingerprint, "key": key}
+        found = find_cached(
+            session,
+            job,
+            cluster_fingerprint=order.fingerprint,
+            batch_size=inputs.ir.batch_size,
+            **where,
+        )
+        near = (
+            (found, "same plan")
+            if found is not None
+            else find_near(
+                session, job, inputs.cluster, cluster_fingerprint=order.fingerprint, **where
+            )
+        )
+    if found is not None and not fresh:
+        return found, None
+    if near is None:
+        return None, None
+    plan, kind = near
+    source = load_cluster(plan.spec)
+    if plan.cluster_fingerprint == order.fingerprint:
+        strategy = _mapping(source, inputs.cluster).strategy(plan.summary["strategy"])
+    else:
+        adapted = adapt_strategy(load_strategy(plan.summary["strategy"]), source, inputs.cluster)
+        if adapted is None:
+            return None, None
+        strategy = adapted.model_dump(mode="json", exclude_none=True)
+    return None, {"strategy": strategy, "job_id": plan.job_id, "kind": kind}
+
+
+def _mapping(source: Cluster, target: Cluster) -> ClusterMapping:
+    from tagplan.planner.strategy_remap import ClusterMapping
+    from tagplan.planner.topology import canonical_order
+
+    return ClusterMapping((source, canonical_order(source)), (target, canonical_order(target)))
+
+
+def _answer_from_cache(
+    settings: Settings, job_id: str, inputs: JobInputs, plan: CachedPlan, key: str
+) -> None:
+    """Complete the job from ``plan``: its strategy remapped to the job's numbering and
+    re-simulated, its GraphDef renumbered (:mod:`tagplan.planner.replay`); the trace is
+    written after the job has succeeded, so the answer does not wait for it."""
+    from tagplan.planner.compile.renumber import renumber_graph
+    from tagplan.planner.replay import replay_plan
+    from tagplan.planner.topology import load_cluster
+
+    source = load_cluster(plan.spec)
+    mapping = _mapping(source, inputs.cluster)
+    result = replay_plan(
+        inputs.ir,
+        inputs.cluster,
+        load_strategy(mapping.strategy(plan.summary["strategy"])),
+        plan.summary,
+        profiles=inputs.profiles,
+        comm=inputs.comm,
+        started_at_s=inputs.deadline.at_s - inputs.deadline.budget_s,
+    )
+    url = settings.sqlalchemy_url
+    with session_scope(url) as session:
+        compiled = get_blob(session, plan.graphdef_digest)
+    device_map = plan.device_map
+    if source.spec != inputs.cluster.spec:
+        compiled, device_map = renumber_graph(
+            compiled, device_map, source, inputs.cluster, mapping.devices
+        )
+    stored = StoredPlan(
+        result.summary() | {"source": "cache", "cached_from": plan.job_id},
+        device_map,
+        compiled,
+        source="cache",
+        cached_from=plan.job_id,
+    )
+    with session_scope(url) as session:
+        if not _store_result(session, job_id, inputs, stored, key):
+            return
+        job_state.save_step(
+            session, job_id=job_id, step="analyze", output={"cached_from": plan.job_id}
+        )
+    trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
+    with session_scope(url) as session:
+        row = session.get(Result, job_id)
+        if row is not None:
+            row.trace_digest = put_blob(session, trace)
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """What a finished job stores: the plan's summary, device map and GraphDef bytes."""
+
+    summary: dict[str, Any]
+    device_map: dict[str, Any] | None
+    graphdef: bytes | None
+    source: str = "search"
+    cached_from: str | None = None
+    complete: bool = True
+
+
+def _store_result(
+    session: Any,
+    job_id: str,
+    inputs: JobInputs,
+    plan: StoredPlan,
+    key: str,
+    trace: bytes | None = None,
+) -> bool:
+    """Mark the job succeeded and store its result; False (nothing stored) when the job
+    had already finished (cancelled while planning)."""
+    from tagplan.planner.topology import fingerprint
+
+    if not job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
+        return False
+    summary = json.loads(json.dumps(plan.summary))
+    session.add(
+        Result(
+            job_id=job_id,
+            graph_fingerprint=inputs.ir.fingerprint,
+            cluster_fingerprint=fingerprint(inputs.cluster),
+            batch_size=inputs.ir.batch_size,
+            step_time_s=float(summary["step_time_s"]),
+            summary=summary,
+            device_map=json.loads(json.dumps(plan.device_map)) if plan.device_map else None,
+            graphdef_digest=put_blob(session, plan.graphdef) if plan.graphdef else None,
+            trace_digest=put_blob(session, trace) if trace is not None else None,
+            cost_key=key,
+            planner_version=planner_version(),
+            source=plan.source,
+            cached_from=plan.cached_from,
+            complete=plan.complete,
+        )
+    )
+    return True
 
 
 FINISH_PHASES = frozenset({"sfb", "compile"})
@@ -178,6 +355,7 @@ def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
         cancel=monitor.cancelled,
         deadline=inputs.deadline,
         prepared=inputs.prepared,
+        start=inputs.start,
     )
 
 
@@ -194,16 +372,19 @@ def search_step(settings: Settings, job_id: str, shard: int, seed: int) -> None:
         job_state.save_step(session, job_id=job_id, step=step, output=outcome.to_dict())
 
 
-def finish_step(settings: Settings, job_id: str, shards: int) -> None:
-    """Merge the shards, run SFB and compile, store the result and mark the job succeeded."""
+def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
+    """Merge the shards, run SFB and compile, store the result and mark the job succeeded.
+
+    An anytime job (``deadline_s``) whose search the deadline cut is answered with
+    ``complete: false``; with ``refine_s`` a refinement job is added that searches on from
+    the answer (:func:`add_refinement`): its id is returned for the caller to enqueue."""
     from tagplan.planner.plan import SearchOutcome
-    from tagplan.planner.topology import fingerprint
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
         if session.get(Result, job_id) is not None:
             job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
-            return
+            return None
         stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
     if len(stored) < shards:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
@@ -211,26 +392,59 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> None:
     outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
     monitor = JobMonitor(url, job_id, phases=FINISH_PHASES)
     result = _planner(inputs, monitor).finish(outcomes, graph_def=inputs.graph_def)
-    summary = json.loads(json.dumps(result.summary()))
     trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
     distributed = result.distributed
+    summary = result.summary() | {"source": "search"}
+    if inputs.start is not None:
+        with session_scope(url) as session:
+            start = job_state.step_output(session, job_id=job_id, step="analyze")["start"]
+        summary["warm_start"] = {"job_id": start["job_id"], "kind": start["kind"]}
+    options = job_options(settings, job_id)
+    cut = {"budget", "skipped"} & set(result.stop_reason.split("+"))
+    complete = options.get("deadline_s") is None or not cut
+    stored = StoredPlan(
+        summary,
+        distributed.device_map if distributed else None,
+        distributed.graph_def.SerializeToString() if distributed else None,
+        complete=complete,
+    )
     with session_scope(url) as session:
-        if not job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
-            return  # cancelled while compiling: keep nothing
-        session.add(
-            Result(
-                job_id=job_id,
-                graph_fingerprint=inputs.ir.fingerprint,
-                cluster_fingerprint=fingerprint(inputs.cluster),
-                batch_size=inputs.ir.batch_size,
-                step_time_s=float(result.step_time_s),
-                summary=summary,
-                device_map=json.loads(json.dumps(distributed.device_map)) if distributed else None,
-                graphdef_digest=(
-                    put_blob(session, distributed.graph_def.SerializeToString())
-                    if distributed
-                    else None
-                ),
-                trace_digest=put_blob(session, trace),
-            )
-        )
+        if not _store_result(session, job_id, inputs, stored, cost_key(options), trace):
+            return None
+        if complete or options.get("refine_s") is None:
+            return None
+        return add_refinement(session, job_id)
+
+
+def add_refinement(session: Any, parent_id: str) -> str:
+    """Add the job that goes on searching for anytime job ``parent_id`` after its answer:
+    the same inputs, ``refine_s`` as its budget, ``fresh`` so it starts from the parent's
+    plan (and never ends slower). Its result joins the cache, where repeats take the
+    fastest plan. Returns its id."""
+    parent = session.get(Job, parent_id)
+    options = {
+        **parent.options,
+        "budget_s": parent.options["refine_s"],
+        "deadline_s": None,
+        "refine_s": None,
+        "fresh": True,
+    }
+    child, _ = job_state.add_job(
+        session,
+        Job(
+            id=str(uuid.uuid4()),
+            key=hashlib.sha256(f"{parent.key}:refine".encode()).hexdigest(),
+            graph_id=parent.graph_id,
+            cluster_id=parent.cluster_id,
+            batch_size=parent.batch_size,
+            batch_inputs=parent.batch_inputs,
+            loss=parent.loss,
+            options=options,
+            status=JobStatus.QUEUED,
+            api_key_id=parent.api_key_id,
+            tenant=parent.tenant,
+            refines=parent.id,
+        ),
+    )
+    parent.refined_by = child.id
+    return child.id

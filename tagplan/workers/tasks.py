@@ -30,7 +30,7 @@ from tagplan.planner.errors import Cancelled, PlannerError
 from tagplan.settings import get_settings
 from tagplan.workers import steps
 from tagplan.workers.app import app
-from tagplan.workers.pipeline import launch_search
+from tagplan.workers.pipeline import enqueue_job, launch_search
 
 __all__ = ["analyze_job", "finish_job", "search_shard"]
 
@@ -88,10 +88,18 @@ def _fail(url: str, job_id: str, reason: str) -> None:
 
 @app.task(name="tagplan.analyze", bind=True)
 def analyze_job(self: Task, job_id: str) -> None:
-    """Parse and analyze the graph (a bad graph fails the job here, before any search),
-    group it and score the baselines once, then start the search shards."""
+    """Parse and analyze the graph (a bad graph fails the job here, before any search);
+    answer from the strategy cache, or group it, score the baselines once and start the
+    search shards."""
     settings = get_settings()
-    if _run(self, job_id, "analyze", "analyze", lambda: steps.analyze_step(settings, job_id)):
+    search: list[bool] = []
+    if _run(
+        self,
+        job_id,
+        "analyze",
+        "analyze",
+        lambda: search.append(steps.analyze_step(settings, job_id)),
+    ) and all(search):
         options = steps.job_options(settings, job_id)
         launch_search(app, job_id, options, margin_s=settings.time_limit_margin_s)
 
@@ -110,5 +118,14 @@ def search_shard(self: Task, job_id: str, shard: int, seed: int) -> None:
 
 @app.task(name="tagplan.finish", bind=True)
 def finish_job(self: Task, _shard_results: list[None] | None, job_id: str, shards: int) -> None:
-    """Chord body: merge the shards, SFB, compile, store the result."""
-    _run(self, job_id, "finish", "sfb", lambda: steps.finish_step(get_settings(), job_id, shards))
+    """Chord body: merge the shards, SFB, compile, store the result; start the refinement
+    of an anytime job answered before its search was done."""
+    settings = get_settings()
+    refinement: list[str | None] = []
+
+    def work() -> None:
+        refinement.append(steps.finish_step(settings, job_id, shards))
+
+    if _run(self, job_id, "finish", "sfb", work) and refinement[0] is not None:
+        options = steps.job_options(settings, refinement[0])
+        enqueue_job(app, refinement[0], options, margin_s=settings.time_limit_margin_s)

@@ -15,7 +15,7 @@ from tagplan.service.schemas import (
     plan_option_fields,
 )
 
-REQUEST_ONLY = {"profiles"}
+REQUEST_ONLY = {"profiles", "fresh", "deadline_s", "refine_s"}
 
 
 def test_the_request_names_every_planner_option_but_the_server_side_ones() -> None:

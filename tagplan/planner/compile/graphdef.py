@@ -86,6 +86,7 @@ __all__ = [
     "DistributedGraph",
     "captured_variables",
     "compile_graphdef",
+    "task_map",
     "worker_device",
 ]
 
@@ -161,6 +162,20 @@ def worker_device(cluster: Cluster, device: int) -> str:
     """TensorFlow device string of cluster device ``device``."""
     machine, local = int(cluster.device_machine[device]), int(cluster.device_local_index[device])
     return f"/job:worker/replica:0/task:{machine}/device:GPU:{local}"
+
+
+def task_map(cluster: Cluster) -> dict[str, Any]:
+    """The device map's ``tasks``: TensorFlow task index -> machine name and GPU slots."""
+    return {
+        str(m): {
+            "machine": cluster.machine_names[m],
+            "gpus": [
+                int(cluster.device_local_index[d])
+                for d in np.flatnonzero(cluster.device_machine == m)
+            ],
+        }
+        for m in range(cluster.num_machines)
+    }
 
 
 @dataclass(frozen=True, eq=False)
@@ -872,16 +887,7 @@ class _GraphDefCompilation:
         graph_def.library.CopyFrom(self.source.library)
         graph_def.node.extend(self.out.nodes.values())
         device_map = {
-            "tasks": {
-                str(m): {
-                    "machine": self.cluster.machine_names[m],
-                    "gpus": [
-                        int(self.cluster.device_local_index[d])
-                        for d in np.flatnonzero(self.cluster.device_machine == m)
-                    ],
-                }
-                for m in range(len(self.cluster.machine_names))
-            },
+            "tasks": task_map(self.cluster),
             "variables": variables,
             "captured_variables": captured,
             "inputs": inputs,

@@ -266,14 +266,28 @@ class StrategySearch:
         patience: int | None = None,
         progress: Callable[[SearchProgress], None] | None = None,
         cancel: Callable[[], bool] | None = None,
+        start: Sequence[int] | None = None,
     ) -> SearchOutcome:
         """Search until ``iterations`` or ``budget_s`` runs out (at least one is required),
         a strategy that fits steps faster than ``stop_below_s``, or the search has
-        converged with ``patience`` (module docstring; ``None``: never)."""
+        converged with ``patience`` (module docstring; ``None``: never).
+
+        ``start`` (an action per op group, by group id: a warm start) is the first
+        iteration: the tree is grown along its path, so the search begins from it and
+        never returns anything worse."""
         if iterations is None and budget_s is None:
             raise InvalidInput("give an iteration or a time budget")
         if patience is not None and patience < 1:
             raise InvalidInput(f"patience must be at least 1, got {patience}")
+        start_key = None if start is None else tuple(int(a) for a in start)
+        if start_key is not None and (
+            len(start_key) != self.grouping.num_groups
+            or not all(0 <= a < len(self.space) for a in start_key)
+        ):
+            raise InvalidInput(
+                f"a start needs one action (of {len(self.space)}) per op group "
+                f"({self.grouping.num_groups}), got {start_key}"
+            )
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
         levels = self.grouping.num_groups
@@ -290,17 +304,22 @@ class StrategySearch:
                 break
             if cancel is not None and cancel():
                 raise Cancelled("planning was cancelled")
-            vertex, path, decided = root, [], []
-            while True:
-                action = vertex.select(self.c_puct)
-                path.append((vertex, action))
-                decided.append(action)
-                child = vertex.children.get(action)
-                if child is None or len(decided) == levels:
-                    break
-                vertex = child
-            key = self.complete(decided)
-            scored = self.score(key)
+            if start_key is not None and done == 0:
+                key = start_key
+                scored = self.score(key)
+                path, decided, child = self._grow_along(root, key, scored), [], root
+            else:
+                vertex, path, decided = root, [], []
+                while True:
+                    action = vertex.select(self.c_puct)
+                    path.append((vertex, action))
+                    decided.append(action)
+                    child = vertex.children.get(action)
+                    if child is None or len(decided) == levels:
+                        break
+                    vertex = child
+                key = self.complete(decided)
+                scored = self.score(key)
             if child is None and len(decided) < levels:
                 vertex.children[action] = self._expand(tuple(decided), scored.feedback)
             for node, edge in path:
@@ -342,6 +361,25 @@ class StrategySearch:
             elapsed_s=time.perf_counter() - started,
             stop_reason=stop_reason,
         )
+
+    def _grow_along(
+        self, root: _Vertex, key: tuple[int, ...], scored: _Scored
+    ) -> list[tuple[_Vertex, int]]:
+        """Expand the tree along the decisions of ``key`` (a warm start) from ``root``;
+        returns the path of (vertex, edge) to back its reward up."""
+        decided = [key[int(g)] for g in self.order]
+        path, vertex = [], root
+        for level, action in enumerate(decided):
+            path.append((vertex, action))
+            if level + 1 == len(decided):
+                break
+            child = vertex.children.get(action)
+            if child is None:
+                child = vertex.children[action] = self._expand(
+                    tuple(decided[: level + 1]), scored.feedback
+                )
+            vertex = child
+        return path
 
     def _improves(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
         """``key`` is better than ``than`` by more than rounding: it fits where ``than``

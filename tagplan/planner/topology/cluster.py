@@ -270,6 +270,10 @@ class Cluster:
         """Devices of ``machine``, in device order."""
         return np.flatnonzero(self.device_machine == machine)
 
+    def group_type_name(self, group: int) -> str:
+        """GPU type name of device group ``group``."""
+        return self.type_names[int(self.group_type[group])]
+
     def group_devices(self, group: int) -> np.ndarray:
         """Devices of device group ``group``, in device order."""
         return self.group_members[self.group_ptr[group] : self.group_ptr[group + 1]]

@@ -109,6 +109,7 @@ def get_result(job_id: str, session: SessionDep, caller: ReadKey) -> ResultPubli
         cluster_fingerprint=result.cluster_fingerprint,
         batch_size=result.batch_size,
         queued_s=queued.total_seconds() if queued is not None else None,
+        complete=result.complete,
     )
 
 
@@ -142,6 +143,14 @@ def get_device_map(job_id: str, session: SessionDep, caller: ReadKey) -> dict[st
 def get_trace(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     """The predicted step as a Chrome trace (JSON; opens in Perfetto)."""
     result = _result(session, caller, job_id)
+    if result.trace_digest is None and result.source == "cache":
+        pending = Problem(
+            409,
+            f"the trace of job {job_id} (answered from the cache) is being written; "
+            "retry in a few seconds",
+        )
+        pending.headers["Retry-After"] = "2"
+        raise pending
     if result.trace_digest is None:
         raise Problem(404, f"job {job_id} has no trace")
     return Response(get_blob(session, result.trace_digest), media_type="application/json")

@@ -15,11 +15,13 @@ from sqlalchemy.orm import Session
 
 from tagplan.db.models import ClusterRow, Job, Result
 from tagplan.db.session import session_scope
+from tagplan.planner.strategy_remap import ClusterMapping
+from tagplan.planner.version import planner_version
 from tagplan.service.auth import Principal
 from tagplan.service.deps import ReadKey
 from tagplan.service.intake import cluster_from_input
 from tagplan.service.memo import TtlCache
-from tagplan.service.remap import ClusterMapping, cluster_from_spec_json
+from tagplan.service.remap import cluster_from_spec_json
 from tagplan.service.schemas import (
     INT32_MAX,
     MAX_NAME_CHARS,
@@ -99,6 +101,8 @@ def _strategies(
                 peak_memory_bytes=memory,
                 strategy=strategy,
                 remapped=remapped,
+                source=result.source,
+                stale=result.planner_version != planner_version(),
                 created_at=result.created_at,
             )
         )
