@@ -107,7 +107,9 @@ def format_summary(job: dict[str, Any], result: dict[str, Any] | None) -> str:
         f"  predicted step time  {result['step_time_s'] * ms:.3f} ms"
         + (f"  ({speedup:.2f}x the best data-parallel baseline, {best})" if speedup else ""),
         f"  lower bound          {result['lower_bound_s'] * ms:.3f} ms",
-        f"  chosen from          {result.get('chosen_from', 'search')}",
+        f"  chosen from          {result.get('chosen_from', 'search')}"
+        + (f" (the plan of job {result['cached_from']})" if result.get("cached_from") else "")
+        + ("  [incomplete: answered at the deadline]" if not result.get("complete", True) else ""),
         "  baselines            "
         + ", ".join(
             f"{name} {'OOM' if t is None else f'{t * ms:.3f} ms'}"
@@ -162,6 +164,17 @@ def submit_command(
     seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
     sfb: Annotated[bool, typer.Option("--sfb/--no-sfb")] = True,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Search even when a cached plan answers the job.")
+    ] = False,
+    deadline_s: Annotated[
+        float | None,
+        typer.Option("--deadline-s", help="Anytime: answer with the best plan by then."),
+    ] = None,
+    refine_s: Annotated[
+        float | None,
+        typer.Option("--refine-s", help="With --deadline-s: search on this long afterwards."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the result.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     verbose: Annotated[
@@ -170,7 +183,15 @@ def submit_command(
 ) -> None:
     """Submit a planning job to a tagplan service. Exit codes: 0 done, 2 refused (bad
     input, key, scope), 3 no answer from the service, 1 the service failed."""
-    options = {"budget_s": budget_s, "seed": seed, "shards": shards, "sfb": sfb}
+    options = {
+        "budget_s": budget_s,
+        "seed": seed,
+        "shards": shards,
+        "sfb": sfb,
+        "fresh": fresh,
+        "deadline_s": deadline_s,
+        "refine_s": refine_s,
+    }
     with TagplanClient(server, api_key) as client:
         try:
             job = client.submit(graph, cluster=cluster, batch_size=batch_size, options=options)

@@ -63,3 +63,16 @@ def test_submit_waits_and_prints_the_summary(stack: Stack) -> None:
     refused = tagplan(stack, *args, "--api-key", "tpk_bad_key")
     assert refused.returncode == 2 and "401" in refused.stderr and "--api-key" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_a_repeat_submission_is_answered_from_the_cache_unless_fresh(stack: Stack) -> None:
+    args = ["submit", "zoo:small_cnn", "-c", "cloud", "--server", stack.url, "--wait"]
+    key = ["--api-key", stack.token]
+    first = tagplan(stack, *args, *key, "--budget-s", "3")
+    assert first.returncode == 0, first.stderr
+    repeat = tagplan(stack, *args, *key, "--budget-s", "4")
+    assert repeat.returncode == 0, repeat.stderr
+    assert "chosen from          cache (the plan of job" in repeat.stdout
+    fresh = tagplan(stack, *args, *key, "--budget-s", "4", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "chosen from          cache" not in fresh.stdout
