@@ -311,13 +311,23 @@ def _store_result(
     key: str,
     trace: bytes | None = None,
 ) -> bool:
-    """Mark the job succeeded and store its result; False (nothing stored) when the job
-    had already finished (cancelled while planning)."""
+    """Store the job's result and mark it succeeded; False (nothing stored) when the job
+    had already finished (cancelled while planning). ``plan_time_s`` is the job's wall
+    time from its start to its end, across every worker, blobs stored included."""
     from tagplan.planner.topology import fingerprint
 
+    if job_state.is_finished(session, job_id):
+        return False
+    graphdef_digest = put_blob(session, plan.graphdef) if plan.graphdef else None
+    trace_digest = put_blob(session, trace) if trace is not None else None
     if not job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
         return False
+    job = session.get(Job, job_id)
     summary = json.loads(json.dumps(plan.summary))
+    if job.started_at is not None:
+        summary["plan_time_s"] = (
+            job.finished_at - job_state.as_utc(job.started_at)
+        ).total_seconds()
     session.add(
         Result(
             job_id=job_id,
@@ -327,8 +337,8 @@ def _store_result(
             step_time_s=float(summary["step_time_s"]),
             summary=summary,
             device_map=json.loads(json.dumps(plan.device_map)) if plan.device_map else None,
-            graphdef_digest=put_blob(session, plan.graphdef) if plan.graphdef else None,
-            trace_digest=put_blob(session, trace) if trace is not None else None,
+            graphdef_digest=graphdef_digest,
+            trace_digest=trace_digest,
             cost_key=key,
             planner_version=planner_version(),
             source=plan.source,
