@@ -26,7 +26,18 @@ from tagplan.planner.topology import Cluster, load_cluster
 from tagplan.planner.topology.named import random_cluster_spec
 
 COMMAND = "python -m bench.warm_start"
-MODELS = ["vgg19", "wide_deep", "bert_small", "small_cnn", "tiny_lstm", "mlp"]
+MODELS = [
+    "vgg19",
+    "resnet101",
+    "inception_v3",
+    "transformer",
+    "bert_small",
+    "gnmt_small",
+    "wide_deep",
+    "small_cnn",
+    "tiny_lstm",
+    "mlp",
+]
 
 
 def _search(ir, cluster: Cluster, iterations: int, start: Strategy | None):
@@ -60,8 +71,8 @@ def _near_misses(spec: dict) -> list[tuple[str, dict, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="*", default=MODELS)
-    parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
-    parser.add_argument("--iterations", type=int, default=120)
+    parser.add_argument("--seeds", nargs="*", type=int, default=[1])
+    parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 

@@ -220,8 +220,12 @@ def demo_command(
     model: Annotated[str, typer.Option(help="Model-zoo graph.")] = "vgg19",
     cluster: Annotated[str, typer.Option("--cluster", "-c")] = "testbed",
     budget_s: Annotated[float, typer.Option("--budget-s")] = 10.0,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the service up (and its page) until Ctrl-C.")
+    ] = False,
 ) -> None:
-    """Start the embedded service on loopback, submit a zoo model, print the result, stop."""
+    """Start the embedded service on loopback, submit a zoo model, print the result and the
+    dashboard's address, stop (with --keep: serve until Ctrl-C)."""
     import uvicorn
 
     from tagplan.service.app import create_app
@@ -245,6 +249,13 @@ def demo_command(
             with TagplanClient(url) as client:
                 job = client.submit(f"zoo:{model}", cluster=cluster, options={"budget_s": budget_s})
                 _wait_and_print(client, job, as_json=False)
+            console.print(f"dashboard: {url}/ui/#/jobs/{job['id']}", highlight=False)
+            if keep:
+                console.print("serving until Ctrl-C", highlight=False)
+                while thread.is_alive():
+                    thread.join(0.5)
+        except KeyboardInterrupt:
+            console.print("stopping", highlight=False)
         finally:
             server.should_exit = True
             thread.join(30)

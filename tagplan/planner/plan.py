@@ -272,6 +272,9 @@ class Planner:
         self.baselines = {name: scores[name] for name in BASELINES if name in scores}
         if skipped:
             self._mark("baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}")
+        fitting = [s.step_time_s for s in self.baselines.values() if not s.oom]
+        self.reference_step_s = self.baselines[REFERENCE].step_time_s
+        self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
         self._leave()
 
     def _search(self, seed: int) -> StrategySearch:

@@ -9,14 +9,13 @@ from typing import Any
 from tagplan.planner.compile.graphdef import DistributedGraph
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.evaluate import Evaluation
+from tagplan.planner.report import report_markdown
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.search.sfb import SfbDecision
 from tagplan.planner.sim.trace import chrome_trace
 from tagplan.planner.strategy import Strategy
 
 __all__ = ["PlanResult", "estimated_inputs"]
-
-GIB = 2**30
 
 
 def estimated_inputs(evaluation: Evaluation, comm: CommModel) -> dict[str, Any]:
@@ -143,55 +142,6 @@ class PlanResult:
             "strategy": self.strategy.model_dump(mode="json", exclude_none=True),
         }
 
-    def _headline(self) -> str:
-        best = self.best_data_parallel
-        if best is None:
-            return ""
-        return f", {best[1] / self.step_time_s:.2f}x the best data-parallel baseline ({best[0]})"
-
     def report_markdown(self, title: str = "tagplan plan") -> str:
-        """A human-readable report: tagplan against every baseline and the bound, memory."""
-
-        def ms(seconds: float | None) -> str:
-            if seconds is None:
-                return "OOM"
-            return f"{seconds * 1e3:,.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f}"
-
-        rows = [("tagplan", self.step_time_s), *self.baselines.items()]
-        lines = [
-            f"# {title}",
-            "",
-            f"Predicted step: **{ms(self.step_time_s)} ms** "
-            f"(chosen from: {self.chosen_from}){self._headline()}; "
-            f"lower bound {ms(self.lower_bound_s)} ms; "
-            f"planned in {self.plan_time_s:.1f} s over {self.iterations} search iterations "
-            f"(search stopped: {self.stop_reason}).",
-            *(
-                f"- {name}: {p['status']} ({p['note']})"
-                for name, p in self.phases.items()
-                if p["status"] != "done"
-            ),
-            "",
-            "| strategy | step (ms) | vs tagplan |",
-            "| --- | ---: | ---: |",
-        ]
-        for name, seconds in rows:
-            ratio = "" if seconds is None else f"{seconds / self.step_time_s:.2f}x"
-            lines.append(f"| {name} | {ms(seconds)} | {ratio} |")
-        lines.append(
-            f"| lower bound | {ms(self.lower_bound_s)} | "
-            f"{self.lower_bound_s / self.step_time_s:.2f}x |"
-        )
-        lines += ["", "| GPU | peak memory (GiB) | busy |", "| --- | ---: | ---: |"]
-        busy = self.summary()["device_busy_fraction"]
-        for name, peak in self.peak_memory_bytes.items():
-            lines.append(f"| {name} | {peak / GIB:,.2f} | {100 * busy[name]:.0f}% |")
-        applied = sum(d.applied for d in self.sfb)
-        if applied:
-            lines += [
-                "",
-                f"Sufficient-factor broadcast replaces {applied} of "
-                f"{len(self.sfb)} gradient syncs.",
-            ]
-        lines += ["", f"Estimated inputs: {self.estimated}", ""]
-        return "\n".join(lines)
+        """A human-readable report (:func:`report_markdown` of :meth:`summary`)."""
+        return report_markdown(self.summary(), title)

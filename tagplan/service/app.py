@@ -23,15 +23,18 @@ from tagplan.service.api.routes import (
     graphs,
     health,
     jobs,
+    overview,
     profiles,
     strategies,
 )
 from tagplan.service.auth import KeyCache
+from tagplan.service.dashboard import mount_dashboard
 from tagplan.service.limits import RequestSizeLimit
 from tagplan.service.memo import TtlCache
 from tagplan.service.metrics import ServiceMetrics
 from tagplan.service.problems import install_problem_handlers
 from tagplan.service.rate_limit import rate_limiter_for
+from tagplan.service.timeline import TimelineCache
 from tagplan.settings import Settings, get_settings
 from tagplan.workers.app import app as celery_app
 from tagplan.workers.embedded import EmbeddedWorker, requeue_unfinished
@@ -93,12 +96,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.rate_limiter = rate_limiter_for(settings)
     app.state.metrics = ServiceMetrics(settings.sqlalchemy_url)
     app.state.strategy_cache = TtlCache(settings.strategy_cache_ttl_s)
+    app.state.timelines = TimelineCache()
     install_problem_handlers(app)
     app.add_middleware(
         RequestSizeLimit,
         max_bytes=settings.max_request_bytes,
         max_header_bytes=settings.max_header_bytes,
     )
-    for module in (jobs, graphs, strategies, profiles, checkpoints, catalog, health):
+    for module in (jobs, graphs, strategies, profiles, checkpoints, catalog, health, overview):
         app.include_router(module.router)
+    mount_dashboard(app)
     return app

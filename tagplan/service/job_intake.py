@@ -11,6 +11,7 @@ import binascii
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tagplan.db.job_state import add_job
-from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, Profile
+from tagplan.db.models import ApiKey, ClusterRow, GraphRow, Job, JobStatus, Profile
 from tagplan.service.auth import Principal
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.problems import Problem
@@ -27,11 +28,29 @@ from tagplan.service.tenancy import hold, holds, owns_job
 from tagplan.settings import Settings
 from tagplan.workers.pipeline import enqueue_job
 
-__all__ = ["find_job", "job_public", "submit"]
+__all__ = ["JobNames", "find_job", "job_names", "job_public", "submit"]
 
 
-def job_public(job: Job, *, existing: bool = False) -> JobPublic:
-    """The public view of a job row."""
+@dataclass(frozen=True)
+class JobNames:
+    """Names a job view shows: of the keys that submitted jobs and of their graphs."""
+
+    keys: dict[str, str]
+    graphs: dict[str, str]
+
+
+def job_names(session: Session, jobs: list[Job]) -> JobNames:
+    """The key and graph names of ``jobs`` (two queries for a whole page)."""
+    key_ids = {job.api_key_id for job in jobs if job.api_key_id}
+    graph_ids = {job.graph_id for job in jobs}
+    keys = session.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(key_ids)))
+    graphs = session.execute(select(GraphRow.id, GraphRow.label).where(GraphRow.id.in_(graph_ids)))
+    return JobNames(dict(keys.all()) if key_ids else {}, dict(graphs.all()))
+
+
+def job_public(job: Job, *, existing: bool = False, names: JobNames | None = None) -> JobPublic:
+    """The public view of a job row; ``names`` (:func:`job_names`) adds its key's and its
+    graph's names."""
     base = f"/v1/jobs/{job.id}"
     return JobPublic(
         id=job.id,
@@ -60,6 +79,8 @@ def job_public(job: Job, *, existing: bool = False) -> JobPublic:
             trace=f"{base}/trace",
         ),
         existing=existing,
+        submitted_by=names.keys.get(job.api_key_id or "") if names else None,
+        label=names.graphs.get(job.graph_id) or None if names else None,
         refines=job.refines,
         refined_by=job.refined_by,
     )

@@ -229,6 +229,8 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     links: JobLinks
     existing: bool = Field(default=False, description="an identical job was submitted before")
+    submitted_by: str | None = Field(default=None, description="the submitting key's name")
+    label: str | None = Field(default=None, description="the graph's label (zoo:NAME, upload)")
     refines: str | None = Field(
         default=None, description="the anytime job whose answer this job improves"
     )

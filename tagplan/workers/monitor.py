@@ -1,7 +1,8 @@
 """The planner's progress and cancel callbacks, backed by the job's database row.
 
 The planner calls them often; the database is written at most every ``interval_s`` for
-progress and read at most every ``interval_s`` for cancellation.
+progress — at once for a phase change or a better step, so the job's history has every
+improvement — and read at most every ``interval_s`` for cancellation.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class JobMonitor:
         self.interval_s = interval_s
         self._last_write = 0.0
         self._last_phase: str | None = None
+        self._best: float | None = None
         self._last_read = 0.0
         self._cancelled = False
 
@@ -44,9 +46,17 @@ class JobMonitor:
         if self.phases is not None and report.phase not in self.phases:
             return
         now = time.monotonic()
-        if report.phase == self._last_phase and now - self._last_write < self.interval_s:
+        best = report.best_step_time_s
+        improved = best is not None and (self._best is None or best < self._best)
+        if (
+            report.phase == self._last_phase
+            and now - self._last_write < self.interval_s
+            and not improved
+        ):
             return
         self._last_write, self._last_phase = now, report.phase
+        if improved:
+            self._best = best
         with session_scope(self.url) as session:
             job_state.record_progress(
                 session,

@@ -174,7 +174,9 @@ def analyze_step(settings: Settings, job_id: str) -> bool:
     if start is not None:
         inputs = replace(inputs, start=load_strategy(start["strategy"]))
     planner = _planner(inputs, JobMonitor(url, job_id))
+    references = _references(planner)
     with session_scope(url) as session:
+        job_state.save_step(session, job_id=job_id, step="references", output=references)
         job_state.save_step(
             session,
             job_id=job_id,
@@ -189,6 +191,21 @@ def analyze_step(settings: Settings, job_id: str) -> bool:
             },
         )
     return True
+
+
+def _references(planner: Any) -> dict[str, Any]:
+    """What a running job's progress is measured against: every baseline's step (None:
+    out of memory) and the lower bound, small enough to read at every poll."""
+    from tagplan.planner.search.lower_bound import lower_bound
+
+    bound = lower_bound(planner.ir, planner.cluster, planner.evaluator.costs)
+    return {
+        "baselines": {
+            name: None if score.oom else score.step_time_s
+            for name, score in planner.baselines.items()
+        },
+        "lower_bound_s": bound.step_time_s,
+    }
 
 
 def _cached_plans(
@@ -325,9 +342,8 @@ def _store_result(
     job = session.get(Job, job_id)
     summary = json.loads(json.dumps(plan.summary))
     if job.started_at is not None:
-        summary["plan_time_s"] = (
-            job.finished_at - job_state.as_utc(job.started_at)
-        ).total_seconds()
+        finished, started = job_state.as_utc(job.finished_at), job_state.as_utc(job.started_at)
+        summary["plan_time_s"] = (finished - started).total_seconds()
     session.add(
         Result(
             job_id=job_id,

@@ -273,8 +273,10 @@ class StrategySearch:
         converged with ``patience`` (module docstring; ``None``: never).
 
         ``start`` (an action per op group, by group id: a warm start) is the first
-        iteration: the tree is grown along its path, so the search begins from it and
-        never returns anything worse."""
+        iteration and the first incumbent: the search never returns anything worse, and
+        since the start leaves the tree as it was, the iterations after it are those of a
+        cold search — a warm start reaches any step a cold search reaches one iteration
+        later at most, and at once when the start is that good."""
         if iterations is None and budget_s is None:
             raise InvalidInput("give an iteration or a time budget")
         if patience is not None and patience < 1:
@@ -307,7 +309,7 @@ class StrategySearch:
             if start_key is not None and done == 0:
                 key = start_key
                 scored = self.score(key)
-                path, decided, child = self._grow_along(root, key, scored), [], root
+                path, decided, child = [], [], root  # the incumbent: the tree is untouched
             else:
                 vertex, path, decided = root, [], []
                 while True:
@@ -361,25 +363,6 @@ class StrategySearch:
             elapsed_s=time.perf_counter() - started,
             stop_reason=stop_reason,
         )
-
-    def _grow_along(
-        self, root: _Vertex, key: tuple[int, ...], scored: _Scored
-    ) -> list[tuple[_Vertex, int]]:
-        """Expand the tree along the decisions of ``key`` (a warm start) from ``root``;
-        returns the path of (vertex, edge) to back its reward up."""
-        decided = [key[int(g)] for g in self.order]
-        path, vertex = [], root
-        for level, action in enumerate(decided):
-            path.append((vertex, action))
-            if level + 1 == len(decided):
-                break
-            child = vertex.children.get(action)
-            if child is None:
-                child = vertex.children[action] = self._expand(
-                    tuple(decided[: level + 1]), scored.feedback
-                )
-            vertex = child
-        return path
 
     def _improves(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
         """``key`` is better than ``than`` by more than rounding: it fits where ``than``

@@ -16,9 +16,9 @@ Two steps bring the old strategy to the new search:
   space offers it on those device groups, else the action with the largest overlap of
   device groups (Jaccard), the same option first.
 
-The search evaluates that start first and grows its tree along it
-(:meth:`~.mcts.StrategySearch.run`), so it never returns anything slower than the start
-and spends its budget on improving it.
+The search evaluates that start first and keeps it as its incumbent without touching the
+tree (:meth:`~.mcts.StrategySearch.run`): it never returns anything slower than the start,
+and whatever a cold search would find it finds one iteration later at most.
 """
 
 from __future__ import annotations

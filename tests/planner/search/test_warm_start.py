@@ -92,6 +92,24 @@ def test_the_search_starts_from_the_start_and_never_returns_worse(search) -> Non
     assert longer.iterations == 30
 
 
+def test_after_its_start_a_warm_search_walks_the_cold_search_tree() -> None:
+    cluster = _cluster(*V100S, T4)
+    steps: dict[str, list[float]] = {}
+    for name, start in (("cold", None), ("warm", "slowest")):
+        search = make_search("mlp", cluster)
+        if start:
+            start = search.complete([len(search.space) - 1])
+        trace = steps.setdefault(name, [])
+        search.run(
+            iterations=25, start=start, progress=lambda p, t=trace: t.append(p.best_step_time_s)
+        )
+    # the warm search's iteration k + 1 has the cold search's best of iteration k, or better
+    assert all(
+        w is not None and (c is None or w <= c)
+        for c, w in zip(steps["cold"][:-1], steps["warm"][1:], strict=True)
+    )
+
+
 def test_a_start_of_the_wrong_length_is_refused(search) -> None:
     with pytest.raises(InvalidInput, match="one action"):
         search.run(iterations=3, start=(0,))

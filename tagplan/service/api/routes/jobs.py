@@ -10,9 +10,10 @@ from sqlalchemy import func, select
 from tagplan.db import job_state
 from tagplan.db.blobs import get_blob
 from tagplan.db.models import Job, JobStatus, Result
+from tagplan.planner.report import report_markdown
 from tagplan.service.auth import Principal
 from tagplan.service.deps import ReadKey, SessionDep, SettingsDep, SubmitKey
-from tagplan.service.job_intake import find_job, job_public, submit
+from tagplan.service.job_intake import find_job, job_names, job_public, submit
 from tagplan.service.problems import Problem
 from tagplan.service.schemas import (
     INT32_MAX,
@@ -61,16 +62,46 @@ def list_jobs(
     status."""
     where = job_filter(caller) + ([Job.status == status] if status else [])
     count = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
-    rows = session.scalars(
-        select(Job).where(*where).order_by(Job.created_at.desc()).limit(limit).offset(offset)
+    rows = list(
+        session.scalars(
+            select(Job).where(*where).order_by(Job.created_at.desc()).limit(limit).offset(offset)
+        )
     )
-    return JobsPublic(data=[job_public(j) for j in rows], count=count, limit=limit, offset=offset)
+    names = job_names(session, rows)
+    data = [job_public(j, names=names) for j in rows]
+    return JobsPublic(data=data, count=count, limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, session: SessionDep, caller: ReadKey) -> JobPublic:
     """Status, phase, progress (iterations, best speedup so far), timestamps, error."""
-    return job_public(find_job(session, caller, job_id))
+    job = find_job(session, caller, job_id)
+    return job_public(job, names=job_names(session, [job]))
+
+
+@router.get("/{job_id}/progress")
+def get_progress(job_id: str, session: SessionDep, caller: ReadKey) -> dict[str, Any]:
+    """The search's progress for a chart: the best step over time, and what it is measured
+    against (every baseline's step, None when it does not fit; the lower bound), known
+    once the job's analysis has run."""
+    job = find_job(session, caller, job_id)
+    references = job_state.step_output(session, job_id=job_id, step="references")
+    result = session.get(Result, job_id)
+    if references is None and result is not None:
+        references = {
+            "baselines": result.summary.get("baselines", {}),
+            "lower_bound_s": result.summary.get("lower_bound_s"),
+        }
+    return {
+        "status": job.status,
+        "phase": job.phase,
+        "iterations": job.iterations,
+        "best_step_time_s": job.best_step_time_s,
+        "history": job.history or [],
+        "baselines": (references or {}).get("baselines", {}),
+        "lower_bound_s": (references or {}).get("lower_bound_s"),
+        "step_time_s": result.step_time_s if result is not None else None,
+    }
 
 
 @router.delete("/{job_id}", response_model=JobPublic)
@@ -154,3 +185,32 @@ def get_trace(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     if result.trace_digest is None:
         raise Problem(404, f"job {job_id} has no trace")
     return Response(get_blob(session, result.trace_digest), media_type="application/json")
+
+
+@router.get("/{job_id}/timeline")
+def get_timeline(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    caller: ReadKey,
+    start_s: float | None = Query(default=None, ge=0, le=1e9),
+    end_s: float | None = Query(default=None, ge=0, le=1e9),
+    bins: int = Query(default=800, ge=10, le=4000),
+) -> dict[str, Any]:
+    """The predicted step per GPU and link, windowed and aggregated for drawing: tasks one
+    by one where few, busy runs where many (:mod:`tagplan.service.timeline`)."""
+    result = _result(session, caller, job_id)
+    if result.trace_digest is None:
+        raise Problem(404 if result.source != "cache" else 409, f"job {job_id} has no trace yet")
+    digest = result.trace_digest
+    timeline = request.app.state.timelines.get(digest, lambda: get_blob(session, digest))
+    return timeline.window(start_s, end_s, bins)
+
+
+@router.get("/{job_id}/report", response_class=Response)
+def get_report(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
+    """The plan as Markdown: tagplan against every baseline and the lower bound, memory and
+    busy share per GPU."""
+    result = _result(session, caller, job_id)
+    text = report_markdown(result.summary, f"tagplan plan: job {job_id}")
+    return Response(text, media_type="text/markdown; charset=utf-8")

@@ -1,0 +1,38 @@
+"""``/v1/overview``: what the dashboard shows first — who the caller is and what it may
+do, its jobs by status, the queue, and whether the service is ready."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from sqlalchemy import func, select
+
+from tagplan.db.models import Job, JobStatus
+from tagplan.planner.zoo import catalog
+from tagplan.service.api.routes.health import readiness_problems
+from tagplan.service.deps import ReadKey, SessionDep
+from tagplan.service.tenancy import job_filter
+
+router = APIRouter(prefix="/v1/overview", tags=["overview"])
+
+
+@router.get("")
+def get_overview(request: Request, session: SessionDep, caller: ReadKey) -> dict[str, Any]:
+    """The caller's tenant and scopes, its jobs by status (every tenant's for operators),
+    the jobs waiting for a worker, the readiness problems (none when ready) and the
+    model zoo's graphs a job can name."""
+    rows = session.execute(
+        select(Job.status, func.count()).where(*job_filter(caller)).group_by(Job.status)
+    )
+    counts = dict(rows.all())
+    return {
+        "tenant": caller.tenant,
+        "scopes": sorted(caller.scopes),
+        "sees_all": caller.sees_all,
+        "jobs": {status.value: counts.get(status.value, 0) for status in JobStatus},
+        "queue_depth": counts.get(JobStatus.QUEUED.value, 0),
+        "embedded": request.app.state.embedded_worker is not None,
+        "problems": readiness_problems(request),
+        "zoo": [model.name for model in catalog.list_models()],
+    }
