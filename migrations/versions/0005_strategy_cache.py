@@ -1,5 +1,5 @@
 """Answers from the strategy cache: cost keys and sources of results, analyzed graphs,
-the search's progress history, anytime jobs and their refinements
+the search's progress history, anytime jobs and their refinements, traces per lane
 
 Revision ID: 0005
 Revises: 0004
@@ -24,6 +24,10 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("results") as batch_op:
+        batch_op.add_column(sa.Column("lanes_digest", sa.String(length=64), nullable=True))
+        batch_op.create_foreign_key(
+            "fk_results_lanes_digest_blobs", "blobs", ["lanes_digest"], ["digest"]
+        )
         batch_op.add_column(sa.Column("cost_key", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("planner_version", sa.String(length=64), nullable=True))
         batch_op.add_column(
@@ -59,3 +63,5 @@ def downgrade() -> None:
         batch_op.drop_column("source")
         batch_op.drop_column("planner_version")
         batch_op.drop_column("cost_key")
+        batch_op.drop_constraint("fk_results_lanes_digest_blobs", type_="foreignkey")
+        batch_op.drop_column("lanes_digest")

@@ -225,6 +225,8 @@ class Result(Base):
     device_map: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     graphdef_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
     trace_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
+    lanes_digest: Mapped[str | None] = mapped_column(ForeignKey("blobs.digest"), nullable=True)
+    """The trace per GPU and link (:mod:`tagplan.planner.trace_lanes`), for the dashboard."""
     cost_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """Digest of the cost inputs the plan was computed with (``workers/cache.py``); a
     result answers another job only under the same key. None: made before keys existed."""

@@ -2,12 +2,13 @@
 
 A plan's Chrome trace holds one event per task on each device and link — hundreds of
 thousands for BERT-Large on the cloud cluster, tens of megabytes of JSON — more than a
-page should load or a browser should hold. :class:`Timeline` reads the trace once into
-arrays per lane (a GPU or a link) and answers a window ``[start_s, end_s]`` at a width of
-``bins`` columns: a lane with few tasks in the window gets them one by one, with their
-names; a busier lane gets one bar per run of columns in which it was busy, each with the
-busy share and the kind (compute, transfer, collective) that took most of its time. The
-page asks again for the window the user zooms into.
+page should load or a browser should hold. :class:`Timeline` holds the trace's lanes (a
+GPU or a link; :mod:`tagplan.planner.trace_lanes`, stored with the plan) and answers a
+window ``[start_s, end_s]`` at a width of ``bins`` columns: a lane with few tasks in the
+window (a task per four columns at most) gets them one by one, with their names; a busier
+lane gets one bar per run of columns in which it was busy, each with the busy share and
+the kind (compute, transfer, collective) that took most of its time. The page asks again
+for the window the user zooms into.
 """
 
 from __future__ import annotations
@@ -16,70 +17,30 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KINDS", "Timeline", "TimelineCache"]
+from tagplan.planner.trace_lanes import KINDS, TraceLanes, lanes_from_trace, loads_lanes
 
-KINDS = ("compute", "transfer", "collective")
-_KIND = {name: k for k, name in enumerate(KINDS)}
-
-
-@dataclass(frozen=True)
-class _Lane:
-    name: str
-    kind: str  # "device" or "link"
-    start_s: np.ndarray
-    end_s: np.ndarray
-    task_kind: np.ndarray  # index into KINDS
-    label: list[str]
+__all__ = ["Timeline", "TimelineCache"]
 
 
 class Timeline:
-    """The lanes of one trace (module docstring)."""
+    """The lanes of one plan's trace (module docstring)."""
 
-    def __init__(self, trace: dict[str, Any]) -> None:
-        names: dict[int, str] = {}
-        order: dict[int, int] = {}
-        threads: dict[int, str] = {}
-        events: dict[int, list[tuple[float, float, int, str]]] = {}
-        for event in trace.get("traceEvents", []):
-            phase, pid = event.get("ph"), event.get("pid")
-            if phase == "M":
-                args = event.get("args", {})
-                if event["name"] == "process_name":
-                    names[pid] = str(args.get("name", pid))
-                elif event["name"] == "process_sort_index":
-                    order[pid] = int(args.get("sort_index", pid))
-                elif event["name"] == "thread_name":
-                    threads[pid] = str(args.get("name", ""))
-            elif phase == "X":
-                start = float(event["ts"]) * 1e-6
-                kind = _KIND.get(str(event.get("cat")), 0)
-                entry = (start, start + float(event["dur"]) * 1e-6, kind, str(event["name"]))
-                events.setdefault(pid, []).append(entry)
-        self.step_time_s = float(trace.get("otherData", {}).get("step_time_s") or 0.0)
-        self.lanes: list[_Lane] = []
-        for pid in sorted(names, key=lambda p: (order.get(p, p), p)):
-            found = sorted(events.get(pid, []))
-            self.lanes.append(
-                _Lane(
-                    name=names[pid],
-                    kind="device" if threads.get(pid) == "compute" else "link",
-                    start_s=np.array([e[0] for e in found], dtype=np.float64),
-                    end_s=np.array([e[1] for e in found], dtype=np.float64),
-                    task_kind=np.array([e[2] for e in found], dtype=np.int8),
-                    label=[e[3] for e in found],
-                )
-            )
-        ends = [float(lane.end_s.max()) for lane in self.lanes if lane.end_s.size]
-        self.span_s = max([self.step_time_s, *ends]) if ends or self.step_time_s else 0.0
+    def __init__(self, lanes: TraceLanes) -> None:
+        self.lanes = lanes
+        self.span_s = lanes.span_s
 
     @classmethod
-    def from_json(cls, data: bytes) -> Timeline:
-        return cls(json.loads(data))
+    def from_trace_json(cls, data: bytes) -> Timeline:
+        """From the Chrome trace itself (a plan stored before its lanes were)."""
+        return cls(lanes_from_trace(json.loads(data)))
+
+    @classmethod
+    def from_lanes(cls, data: bytes) -> Timeline:
+        return cls(loads_lanes(data))
 
     def window(
         self, start_s: float | None = None, end_s: float | None = None, bins: int = 800
@@ -91,65 +52,65 @@ class Timeline:
         hi = self.span_s if end_s is None else min(self.span_s, end_s)
         hi = max(hi, lo + 1e-12)
         bins = max(10, min(bins, 4000))
+        all_lanes = self.lanes
         lanes = []
-        for lane in self.lanes:
-            inside = np.flatnonzero((lane.end_s > lo) & (lane.start_s < hi))
-            if inside.size <= bins:
+        for i, name in enumerate(all_lanes.names):
+            a, b = int(all_lanes.ptr[i]), int(all_lanes.ptr[i + 1])
+            start, end = all_lanes.start_s[a:b], all_lanes.end_s[a:b]
+            inside = np.flatnonzero((end > lo) & (start < hi)) + a
+            if inside.size <= bins // 4:  # a task per 4 columns at least: each drawn
                 bars = [
                     [
-                        float(lane.start_s[i]),
-                        float(lane.end_s[i]),
-                        KINDS[lane.task_kind[i]],
-                        lane.label[i],
+                        float(all_lanes.start_s[t]),
+                        float(all_lanes.end_s[t]),
+                        KINDS[all_lanes.task_kind[t]],
+                        all_lanes.labels[all_lanes.label[t]],
                     ]
-                    for i in inside.tolist()
+                    for t in inside.tolist()
                 ]
             else:
-                bars = self._binned(lane, inside, lo, hi, bins)
-            lanes.append(
-                {"name": lane.name, "kind": lane.kind, "tasks": int(inside.size), "bars": bars}
-            )
+                bars = _binned(all_lanes, inside, lo, hi, bins)
+            kind = all_lanes.kinds[i]
+            lanes.append({"name": name, "kind": kind, "tasks": int(inside.size), "bars": bars})
         return {"span_s": self.span_s, "start_s": lo, "end_s": hi, "lanes": lanes}
 
-    @staticmethod
-    def _binned(
-        lane: _Lane, inside: np.ndarray, lo: float, hi: float, bins: int
-    ) -> list[list[Any]]:
-        """Runs of busy columns: each with the share of the run's time busy and the kind
-        that was busy longest."""
-        edges = np.linspace(lo, hi, bins + 1)
-        width = (hi - lo) / bins
-        busy = np.zeros((len(KINDS), bins))
-        starts = np.clip(lane.start_s[inside], lo, hi)
-        ends = np.clip(lane.end_s[inside], lo, hi)
-        kinds = lane.task_kind[inside]
-        first = np.minimum(((starts - lo) / width).astype(np.int64), bins - 1)
-        last = np.minimum(((ends - lo) / width).astype(np.int64), bins - 1)
-        within = first == last  # most tasks: one column, added at once
-        np.add.at(busy, (kinds[within], first[within]), (ends - starts)[within])
-        for i in np.flatnonzero(~within).tolist():
-            s, e, k = starts[i], ends[i], kinds[i]
-            for column in range(int(first[i]), int(last[i]) + 1):
-                overlap = min(e, edges[column + 1]) - max(s, edges[column])
-                if overlap > 0:
-                    busy[k, column] += overlap
-        total = busy.sum(axis=0)
-        bars: list[list[Any]] = []
-        column = 0
-        while column < bins:
-            if total[column] <= 0:
-                column += 1
-                continue
-            end = column
-            while end + 1 < bins and total[end + 1] > 0:
-                end += 1
-            run = busy[:, column : end + 1].sum(axis=1)
-            share = float(min(1.0, run.sum() / ((end + 1 - column) * width)))
-            bars.append(
-                [float(edges[column]), float(edges[end + 1]), KINDS[int(run.argmax())], share]
-            )
-            column = end + 1
-        return bars
+
+def _binned(
+    lanes: TraceLanes, inside: np.ndarray, lo: float, hi: float, bins: int
+) -> list[list[Any]]:
+    """Runs of busy columns: each with the share of the run's time busy and the kind
+    that was busy longest."""
+    edges = np.linspace(lo, hi, bins + 1)
+    width = (hi - lo) / bins
+    busy = np.zeros((len(KINDS), bins))
+    starts = np.clip(lanes.start_s[inside], lo, hi)
+    ends = np.clip(lanes.end_s[inside], lo, hi)
+    kinds = lanes.task_kind[inside]
+    first = np.minimum(((starts - lo) / width).astype(np.int64), bins - 1)
+    last = np.minimum(((ends - lo) / width).astype(np.int64), bins - 1)
+    within = first == last  # most tasks: one column, added at once
+    np.add.at(busy, (kinds[within], first[within]), (ends - starts)[within])
+    for i in np.flatnonzero(~within).tolist():
+        s, e, k = starts[i], ends[i], kinds[i]
+        for column in range(int(first[i]), int(last[i]) + 1):
+            overlap = min(e, edges[column + 1]) - max(s, edges[column])
+            if overlap > 0:
+                busy[k, column] += overlap
+    total = busy.sum(axis=0)
+    bars: list[list[Any]] = []
+    column = 0
+    while column < bins:
+        if total[column] <= 0:
+            column += 1
+            continue
+        end = column
+        while end + 1 < bins and total[end + 1] > 0:
+            end += 1
+        run = busy[:, column : end + 1].sum(axis=1)
+        share = float(min(1.0, run.sum() / ((end + 1 - column) * width)))
+        bars.append([float(edges[column]), float(edges[end + 1]), KINDS[int(run.argmax())], share])
+        column = end + 1
+    return bars
 
 
 class TimelineCache:
@@ -160,13 +121,13 @@ class TimelineCache:
         self._items: OrderedDict[str, Timeline] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str, load: Callable[[], bytes]) -> Timeline:
+    def get(self, key: str, load: Callable[[], Timeline]) -> Timeline:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
                 return found
-        timeline = Timeline.from_json(load())
+        timeline = load()
         with self._lock:
             self._items[key] = timeline
             while len(self._items) > self.max_items:

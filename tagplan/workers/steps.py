@@ -301,11 +301,19 @@ def _answer_from_cache(
         job_state.save_step(
             session, job_id=job_id, step="analyze", output={"cached_from": plan.job_id}
         )
-    trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
+    trace, lanes = _trace_blobs(result)
     with session_scope(url) as session:
         row = session.get(Result, job_id)
         if row is not None:
-            row.trace_digest = put_blob(session, trace)
+            row.trace_digest, row.lanes_digest = put_blob(session, trace), put_blob(session, lanes)
+
+
+def _trace_blobs(result: Any) -> tuple[bytes, bytes]:
+    """The plan's Chrome trace (JSON) and its lanes for the dashboard."""
+    from tagplan.planner.trace_lanes import dumps_lanes, lanes_from_trace
+
+    trace = result.chrome_trace()
+    return json.dumps(trace, separators=(",", ":")).encode(), dumps_lanes(lanes_from_trace(trace))
 
 
 @dataclass(frozen=True)
@@ -326,17 +334,20 @@ def _store_result(
     inputs: JobInputs,
     plan: StoredPlan,
     key: str,
-    trace: bytes | None = None,
+    trace: tuple[bytes, bytes] | None = None,
 ) -> bool:
     """Store the job's result and mark it succeeded; False (nothing stored) when the job
-    had already finished (cancelled while planning). ``plan_time_s`` is the job's wall
+    had already finished (cancelled while planning); ``trace`` is the trace and its lanes
+    (:func:`_trace_blobs`). ``plan_time_s`` is the job's wall
     time from its start to its end, across every worker, blobs stored included."""
     from tagplan.planner.topology import fingerprint
 
     if job_state.is_finished(session, job_id):
         return False
     graphdef_digest = put_blob(session, plan.graphdef) if plan.graphdef else None
-    trace_digest = put_blob(session, trace) if trace is not None else None
+    trace_digest, lanes_digest = (
+        (put_blob(session, trace[0]), put_blob(session, trace[1])) if trace else (None, None)
+    )
     if not job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED):
         return False
     job = session.get(Job, job_id)
@@ -355,6 +366,7 @@ def _store_result(
             device_map=json.loads(json.dumps(plan.device_map)) if plan.device_map else None,
             graphdef_digest=graphdef_digest,
             trace_digest=trace_digest,
+            lanes_digest=lanes_digest,
             cost_key=key,
             planner_version=planner_version(),
             source=plan.source,
@@ -418,7 +430,7 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
     monitor = JobMonitor(url, job_id, phases=FINISH_PHASES)
     result = _planner(inputs, monitor).finish(outcomes, graph_def=inputs.graph_def)
-    trace = json.dumps(result.chrome_trace(), separators=(",", ":")).encode()
+    trace = _trace_blobs(result)
     distributed = result.distributed
     summary = result.summary() | {"source": "search"}
     if inputs.start is not None:

@@ -24,6 +24,7 @@ from tagplan.service.schemas import (
     Status,
 )
 from tagplan.service.tenancy import job_filter
+from tagplan.service.timeline import Timeline
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -202,9 +203,14 @@ def get_timeline(
     result = _result(session, caller, job_id)
     if result.trace_digest is None:
         raise Problem(404 if result.source != "cache" else 409, f"job {job_id} has no trace yet")
-    digest = result.trace_digest
-    timeline = request.app.state.timelines.get(digest, lambda: get_blob(session, digest))
-    return timeline.window(start_s, end_s, bins)
+    lanes, trace = result.lanes_digest, result.trace_digest
+
+    def load() -> Timeline:
+        if lanes is not None:
+            return Timeline.from_lanes(get_blob(session, lanes))
+        return Timeline.from_trace_json(get_blob(session, trace))  # stored before lanes were
+
+    return request.app.state.timelines.get(lanes or trace, load).window(start_s, end_s, bins)
 
 
 @router.get("/{job_id}/report", response_class=Response)
