@@ -129,8 +129,7 @@ def _wait_and_print(client: TagplanClient, job: dict[str, Any], as_json: bool) -
         if line != last and not as_json:
             error_console.print(line, highlight=False)
             last = line
-        time.sleep(1.0)
-        job = client.job(job["id"])
+        job = client.job(job["id"], wait_s=1.0)  # answers at once when the job finishes
     result = client.result(job["id"]) if job["status"] == "succeeded" else None
     if as_json:
         print_json({"job": job, "result": result})

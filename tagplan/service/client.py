@@ -141,8 +141,10 @@ class TagplanClient:
             body["batch_size"] = batch_size
         return self._call("POST", "/v1/jobs", json=body).json()
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}").json()
+    def job(self, job_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        """The job; with ``wait_s``, once it has finished or after that long."""
+        params = {"wait_s": wait_s} if wait_s > 0 else None
+        return self._call("GET", f"/v1/jobs/{job_id}", params=params).json()
 
     def jobs(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
@@ -153,20 +155,18 @@ class TagplanClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/jobs/{job_id}").json()
 
-    def wait(self, job_id: str, *, timeout_s: float = 3600.0, poll_s: float = 1.0) -> dict:
-        """Poll until the job finishes; TimeoutError after ``timeout_s``. Polls start 50 ms
-        apart and back off to ``poll_s``: a job answered from the cache is seen at once,
-        a long search costs one request per ``poll_s``."""
+    def wait(self, job_id: str, *, timeout_s: float = 3600.0, wait_s: float = 20.0) -> dict:
+        """Wait until the job finishes; TimeoutError after ``timeout_s``. Each request
+        waits on the server up to ``wait_s`` (``GET /v1/jobs/{id}?wait_s=``), so the
+        answer is seen as soon as it exists, with one request per ``wait_s`` meanwhile."""
         deadline = time.monotonic() + timeout_s
-        interval_s = min(0.05, poll_s)
         while True:
-            job = self.job(job_id)
+            left_s = max(deadline - time.monotonic(), 0.0)
+            job = self.job(job_id, wait_s=min(wait_s, left_s))
             if job["status"] in FINISHED:
                 return job
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
-            time.sleep(interval_s)
-            interval_s = min(interval_s * 1.5, poll_s)
 
     def result(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/result").json()

@@ -67,7 +67,7 @@ class CachedPlan:
 
 def _candidates(session: Session, job: Job, graph_fingerprint: str, key: str) -> list[CachedPlan]:
     """Finished plans of the job's tenant for the same graph, inputs, loss and cost key,
-    fastest first."""
+    fastest first; searched ones only (an answer from the cache copies one of them)."""
     rows = session.execute(
         select(Result, Job.batch_inputs, Job.loss, ClusterRow.spec)
         .join(Job, Job.id == Result.job_id)
@@ -75,6 +75,7 @@ def _candidates(session: Session, job: Job, graph_fingerprint: str, key: str) ->
         .where(
             Result.graph_fingerprint == graph_fingerprint,
             Result.cost_key == key,
+            Result.source == "search",  # a cache answer is a copy: answer from the original
             Job.tenant == job.tenant,
             Job.status == JobStatus.SUCCEEDED,
             Job.id != job.id,

@@ -197,6 +197,8 @@ def test_submit_watch_open_and_download_a_plan(page, service: Service, tmp_path)
     page.wait_for_timeout(500)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "job-page.png"), full_page=True)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(ARTIFACTS / "job-page-top.png"))
     assert _unexpected(page.console_errors) == []
 
     page.goto(f"{service.url}/ui/#/jobs")

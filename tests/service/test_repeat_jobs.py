@@ -111,7 +111,8 @@ def test_a_renumbered_repeat_is_answered_from_the_cache(service, owner, first) -
 
 
 def test_the_trace_of_a_cached_answer_follows(service, owner, first) -> None:
-    job, _ = _plan(service, owner, _job(RENUMBERED, 5))
+    job, answer = _plan(service, owner, _job(RENUMBERED, 5))
+    assert answer["cached_from"] == first[0]["id"]  # the searched plan, not another copy
     deadline = time.monotonic() + 60
     while (
         response := service.get(f"/v1/jobs/{job['id']}/trace", headers=owner)
@@ -165,3 +166,12 @@ def test_a_stale_plan_is_listed_but_never_answers(service) -> None:
     ).json()["data"]
     stale = {s["job_id"]: s["stale"] for s in listed}
     assert stale[own_first["id"]] is True and list(stale.values()).count(False) >= 1
+
+
+def test_a_waiting_request_answers_once_the_job_has_ended(service, owner, first) -> None:
+    job = service.post("/v1/jobs", json=_job(RENUMBERED, 6), headers=owner).json()
+    started = time.monotonic()
+    done = service.get(f"/v1/jobs/{job['id']}", params={"wait_s": 30}, headers=owner).json()
+    assert done["status"] == "succeeded" and time.monotonic() - started < 30
+    too_long = service.get(f"/v1/jobs/{job['id']}", params={"wait_s": 31}, headers=owner)
+    assert too_long.status_code == 422

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -27,6 +28,11 @@ from tagplan.service.tenancy import job_filter
 from tagplan.service.timeline import Timeline
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_WAIT_S = 30.0
+"""The longest ``GET /v1/jobs/{id}?wait_s=`` holds a request (and a worker thread)."""
+WAIT_POLL_S = 0.05
+"""How often a waiting request reads the job's status."""
 
 _SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": JobPublic, "description": "An identical job exists; it is returned."},
@@ -74,9 +80,24 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, session: SessionDep, caller: ReadKey) -> JobPublic:
+def get_job(
+    job_id: str,
+    session: SessionDep,
+    caller: ReadKey,
+    wait_s: float = Query(
+        default=0.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="wait up to this long for the job to finish before answering (a "
+        "scheduler waiting on its answer learns of it at once, with one request)",
+    ),
+) -> JobPublic:
     """Status, phase, progress (iterations, best speedup so far), timestamps, error."""
     job = find_job(session, caller, job_id)
+    deadline = time.monotonic() + wait_s
+    while not JobStatus(job.status).finished and time.monotonic() < deadline:
+        time.sleep(min(WAIT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        session.refresh(job)
     return job_public(job, names=job_names(session, [job]))
 
 
