@@ -257,14 +257,15 @@ function renderHead(card, job) {
   const links = [];
   if (job.refined_by) links.push(h("a", { href: `#/jobs/${job.refined_by}` }, "refinement"));
   if (job.refines) links.push(h("a", { href: `#/jobs/${job.refines}` }, "refines"));
-  card.replaceChildren(
+  card.replaceChildren(...[
     h("h2", {}, `Job ${short(job.id)} · ${job.label || short(job.graph_id)}`),
     h("p", {},
       h("span", { class: `badge ${job.status}`, id: "job-status" }, job.status),
       job.phase ? h("span", { class: "tag" }, job.phase) : null,
       ` batch ${job.batch_size ?? "graph's"} · budget ${job.options.budget_s} s · submitted ${age(job.created_at)} ago`,
       job.submitted_by ? ` by ${job.submitted_by}` : "", " ", ...links),
-    job.error ? h("p", { class: "muted" }, job.error) : null);
+    job.error ? h("p", { class: "muted" }, job.error) : null,
+  ].filter(Boolean));
 }
 
 function scale(domain, range) {
@@ -276,7 +277,7 @@ function scale(domain, range) {
 function drawProgress(box, prog) {
   const width = box.clientWidth || 800;
   const height = 240;
-  const pad = { left: 60, right: 130, top: 10, bottom: 28 };
+  const pad = { left: 60, right: 150, top: 14, bottom: 28 };
   const refs = Object.entries(prog.baselines || {}).filter(([, v]) => v !== null);
   if (prog.lower_bound_s) refs.push(["lower bound", prog.lower_bound_s]);
   const points = (prog.history || []).map(([t, , s]) => [t, s]);
@@ -290,10 +291,14 @@ function drawProgress(box, prog) {
   const tMax = Math.max(1, ...points.map(([t]) => t)) * 1.05;
   const y = scale([0, Math.max(...values) * 1.1], [height - pad.bottom, pad.top]);
   const x = scale([0, tMax], [pad.left, width - pad.right]);
+  refs.sort((a, b) => b[1] - a[1]);
+  let lastLabel = -Infinity;
   for (const [name, value] of refs) {
     chart.append(svg("line", { x1: pad.left, x2: width - pad.right, y1: y(value), y2: y(value),
       stroke: name === "lower bound" ? "#c9373a" : "#9aa3b5", "stroke-dasharray": "4 3" }));
-    chart.append(svg("text", { x: width - pad.right + 4, y: y(value) + 4, class: "reference" },
+    const labelY = Math.max(y(value) + 4, lastLabel + 12);  // labels never overlap
+    lastLabel = labelY;
+    chart.append(svg("text", { x: width - pad.right + 4, y: labelY, class: "reference" },
       `${name} ${ms(value)} ms`));
   }
   if (points.length) {
@@ -303,7 +308,7 @@ function drawProgress(box, prog) {
     chart.append(svg("path", { d: path, fill: "none", stroke: "#3f7fd9", "stroke-width": 2, id: "progress-line" }));
   }
   chart.append(svg("line", { x1: pad.left, x2: pad.left, y1: pad.top, y2: height - pad.bottom, stroke: "#888" }));
-  chart.append(svg("text", { x: 4, y: pad.top + 10 }, "step (ms)"));
+  chart.append(svg("text", { x: pad.left + 6, y: pad.top + 10 }, "step (ms)"));
   chart.append(svg("text", { x: width - pad.right - 70, y: height - 6 }, "time (s)"));
   for (let k = 0; k <= 4; k++) {
     const v = (Math.max(...values) * 1.1 * k) / 4;
@@ -374,7 +379,7 @@ function clusterDrawing(layout, result) {
     for (const g of group.decision.device_groups) groupsUsed.set(g, (groupsUsed.get(g) || 0) + 1);
   }
   const perRow = 4;
-  const boxW = 150;
+  const boxW = 200;
   const boxH = 40 + 26 * Math.max(...layout.machines.map((_, m) => layout.groups.filter((g) => g.machine === m).length));
   const rows = Math.ceil(layout.machines.length / perRow);
   const width = perRow * (boxW + 40) + 20;
@@ -401,8 +406,9 @@ function clusterDrawing(layout, result) {
       const shade = used ? 0.25 + 0.75 * (used / maxUse) : 0;
       chart.append(svg("rect", { x: left + 6, y: top + 24 + k * 26, width: boxW - 12, height: 22, rx: 3,
         fill: used ? `rgba(58,168,118,${shade})` : "#f1f2f5", stroke: "#b9c0cf", class: "device-group", "data-group": group.index }));
-      chart.append(svg("text", { x: left + 12, y: top + 39 + k * 26 },
-        `${group.type} ×${group.gpus} · ${used} op groups`));
+      chart.append(svg("text", { x: left + 12, y: top + 39 + k * 26 }, `${group.type} ×${group.gpus}`));
+      chart.append(svg("text", { x: left + boxW - 12, y: top + 39 + k * 26, "text-anchor": "end" },
+        `${used} groups`));
     });
   });
   return chart;
