@@ -28,17 +28,9 @@ from bench.stack import free_port, spawn, stop, wait_ready
 from tagplan.db.keys import create_key
 from tagplan.db.migrate import upgrade
 from tagplan.db.session import session_scope
+from tests.backends import CHROMIUM_ARGS
 
 COMMAND = "python -m bench.dashboard_weight"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def _chromium_pss_bytes() -> tuple[int, int]:

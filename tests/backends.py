@@ -65,3 +65,16 @@ def environment_without_settings() -> dict[str, str]:
     """This process's environment without ``TAGPLAN_*`` settings: a child service or
     worker reads only the settings its test gives it."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TAGPLAN_")}
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+"""Chromium's flags for a machine with a closed network: no background connections, no
+first-run work (the dashboard's browser tests and benchmark)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,22 +19,13 @@ import pytest
 from tagplan.db.keys import create_key
 from tagplan.db.session import session_scope
 from tagplan.planner.graph.protos import GraphDef
-from tests.backends import environment_without_settings, free_port
+from tests.backends import CHROMIUM_ARGS, environment_without_settings, free_port
+from tests.workers.conftest import wait_ready
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
     os.environ.get("TAGPLAN_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
-# flags for a closed network: no background connections, no first-run work
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -68,15 +58,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, (data / "api.log").read_text()[-3000:]
-            time.sleep(0.3)
+        wait_ready(url, data, timeout_s=90)
         yield Service(url, f"sqlite:///{(data / 'tagplan.db').resolve()}")
     finally:
         process.terminate()
