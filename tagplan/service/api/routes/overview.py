@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
 from tagplan.db.models import Job, JobStatus
-from tagplan.planner.zoo import catalog
 from tagplan.service.api.routes.health import readiness_problems
 from tagplan.service.deps import ReadKey, SessionDep
 from tagplan.service.tenancy import job_filter
@@ -22,6 +21,8 @@ def get_overview(request: Request, session: SessionDep, caller: ReadKey) -> dict
     """The caller's tenant and scopes, its jobs by status (every tenant's for operators),
     the jobs waiting for a worker, the readiness problems (none when ready) and the
     model zoo's graphs a job can name."""
+    from tagplan.planner.zoo import catalog  # at the first request, as intake reads the zoo
+
     rows = session.execute(
         select(Job.status, func.count()).where(*job_filter(caller)).group_by(Job.status)
     )
