@@ -33,12 +33,11 @@ from tests.workers.conftest import Stack, running_stack
 
 EXAMPLES = 150
 """Requests per operation, valid and invalid mixed, each with an operator's or a submitter's
-key (they look rows up differently): 2,712 in all over the 24 operations (fewer than 150
-where the document allows fewer distinct requests, as for the probes)."""
+key (they look rows up differently), over every operation of the document (fewer than 150
+where it allows fewer distinct requests, as for the probes)."""
 
 LIVE_EXAMPLES = 100
-"""Requests per operation against the live stack, valid and invalid mixed: 1,810 in all
-over the 24 operations, in 25 s with the stack's start (2 cores)."""
+"""Requests per operation against the live stack, valid and invalid mixed."""
 
 SCOPES = ("admin", "submit")
 """An operator's and a submitter's key: they look rows up differently."""
