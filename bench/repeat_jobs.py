@@ -1,6 +1,6 @@
 """Time to answer, first jobs against repeats, as a scheduler sees it.
 
-A scheduler allocates GPUs, POSTs the job and polls until it succeeds. For every zoo model
+A scheduler allocates GPUs, POSTs the job and waits until it succeeds. For every zoo model
 the first job runs on a fragmented three-machine allocation (GPUs picked from slots of
 their boxes); each repeat then comes on the same allocation as a scheduler hands it out
 again: machines renamed, listed in another order, other GPU slots. Time to answer counts
