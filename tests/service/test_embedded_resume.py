@@ -69,7 +69,7 @@ def test_a_queued_job_left_by_a_stopped_service_completes_on_the_next_start(
             deadline = time.monotonic() + 60
             while True:  # until the server listens
                 try:
-                    job = client.wait(job_id, timeout_s=120, poll_s=0.3)
+                    job = client.wait(job_id, timeout_s=120, wait_s=5)
                     break
                 except ServiceUnreachable:
                     assert server.poll() is None and time.monotonic() < deadline

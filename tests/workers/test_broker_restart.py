@@ -54,7 +54,7 @@ def test_jobs_survive_a_broker_that_restarts_empty(tmp_path: Path, redis_server:
         time.sleep(1)
         redis_server.start()
 
-        jobs = [stack.client.wait(j, timeout_s=240, poll_s=0.5) for j in submitted]
+        jobs = [stack.client.wait(j, timeout_s=240, wait_s=5) for j in submitted]
         assert [job["status"] for job in jobs] == ["succeeded"] * JOBS, jobs
         assert [_finish_attempts(stack, j) for j in submitted] == [1] * JOBS
         assert max(job["dispatches"] for job in jobs) > 1  # the sweeper recovered some
@@ -82,6 +82,6 @@ def test_jobs_go_on_while_the_api_is_killed(tmp_path: Path, redis_server: OwnRed
             time.sleep(0.5)
         stack.spawn("api", "serve", "--port", port)
         wait_ready(stack.url, stack.logs)
-        jobs = [stack.client.wait(j, timeout_s=60, poll_s=0.5) for j in submitted]
+        jobs = [stack.client.wait(j, timeout_s=60, wait_s=5) for j in submitted]
         assert [job["status"] for job in jobs] == ["succeeded"] * len(submitted), jobs
         assert [job["dispatches"] for job in jobs] == [1] * len(submitted)

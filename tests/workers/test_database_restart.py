@@ -160,7 +160,7 @@ def test_jobs_survive_a_database_restart(
         assert first.status_code == 200, first.text
         assert probe.get("/readyz").status_code == 200
 
-        jobs = [stack.client.wait(j, timeout_s=120, poll_s=0.5) for j in submitted]
+        jobs = [stack.client.wait(j, timeout_s=120, wait_s=5) for j in submitted]
         probe.close()
         for job in jobs:
             assert job["status"] in ("succeeded", "failed"), job

@@ -24,7 +24,7 @@ def steps(stack: Stack, job_id: str) -> dict[str, JobStep]:
 def test_vgg19_on_testbed(stack: Stack) -> None:
     job = stack.client.submit("zoo:vgg19", cluster="testbed", options={"budget_s": 4})
     assert job["status"] == "queued"
-    job = stack.client.wait(job["id"], timeout_s=300, poll_s=0.5)
+    job = stack.client.wait(job["id"], timeout_s=300, wait_s=5)
     assert job["status"] == "succeeded", job
     result = stack.client.result(job["id"])
     assert result["speedup_vs_dp_nccl"] >= 1.0
@@ -36,7 +36,7 @@ def test_vgg19_on_testbed(stack: Stack) -> None:
 def test_root_parallel_shards_run_as_a_chord(stack: Stack) -> None:
     options = {"budget_s": 2, "shards": 3, "seed": 5}
     job = stack.client.submit("zoo:mlp", cluster="testbed", options=options)
-    job = stack.client.wait(job["id"], timeout_s=300, poll_s=0.5)
+    job = stack.client.wait(job["id"], timeout_s=300, wait_s=5)
     assert job["status"] == "succeeded", job
     done = steps(stack, job["id"])
     assert {"analyze", "shard:000", "shard:001", "shard:002", "finish"} <= set(done)
@@ -53,7 +53,7 @@ def test_served_mlp_plan_verifies(stack: Stack) -> None:
     from tagplan.planner.verify.check import verify
 
     job = stack.client.submit("zoo:mlp", cluster="testbed", options={"budget_s": 2, "seed": 11})
-    job = stack.client.wait(job["id"], timeout_s=300, poll_s=0.5)
+    job = stack.client.wait(job["id"], timeout_s=300, wait_s=5)
     assert job["status"] == "succeeded", job
     report = verify("zoo:mlp", "testbed", stack.client.result(job["id"])["strategy"])
     assert report.passed, report.summary()
@@ -78,7 +78,7 @@ def test_job_survives_a_killed_worker(stack: Stack) -> None:
     assert "shard:000" not in {s for s, row in steps(stack, job["id"]).items() if row.output}
 
     stack.start_worker("worker2")
-    job = stack.client.wait(job["id"], timeout_s=300, poll_s=0.5)
+    job = stack.client.wait(job["id"], timeout_s=300, wait_s=5)
     assert job["status"] == "succeeded", job
     done = steps(stack, job["id"])
     assert done["shard:000"].attempts == 2  # redelivered once, then completed

@@ -17,8 +17,8 @@ def test_time_limit_fails_the_job_and_the_worker_goes_on(stack: Stack) -> None:
     # plan does not.
     stack.start_worker("limited", pool="prefork", TAGPLAN_TIME_LIMIT_MARGIN_S="0.5")
     slow = stack.client.submit("zoo:bert_small", cluster="testbed", options={"budget_s": 1})
-    slow = stack.client.wait(slow["id"], timeout_s=300, poll_s=0.5)
+    slow = stack.client.wait(slow["id"], timeout_s=300, wait_s=5)
     assert slow["status"] == "failed", slow
     assert "exceeded its time limit" in slow["error"]
     quick = stack.client.submit("zoo:mlp", cluster="testbed", options={"budget_s": 2, "seed": 4})
-    assert stack.client.wait(quick["id"], timeout_s=300, poll_s=0.5)["status"] == "succeeded"
+    assert stack.client.wait(quick["id"], timeout_s=300, wait_s=5)["status"] == "succeeded"
