@@ -214,6 +214,8 @@ def test_the_operators_page(page, service: Service) -> None:
     assert "V100" in page.inner_text("#gpu-types")
     assert "testbed" in page.inner_text("#named-clusters")
     assert page.query_selector("#profile-file") is not None  # operators may upload
+    page.wait_for_timeout(2500)  # the jobs page the key was entered on had started loading
+    assert page.query_selector("#jobs") is None
     assert _unexpected(page.console_errors) == []
 
 

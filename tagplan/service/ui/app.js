@@ -7,6 +7,7 @@ const KIND_COLORS = { compute: "#3f7fd9", transfer: "#e0902f", collective: "#3aa
 const SVG_NS = "http://www.w3.org/2000/svg";
 let timers = [];
 let overview = null;
+let generation = 0;
 
 // ---- helpers --------------------------------------------------------------------------
 
@@ -79,7 +80,13 @@ function can(scope) {
 }
 
 function every(ms_, fn) {
-  const id = setInterval(fn, ms_);
+  // polling for the current route only: an interval set by a page of an earlier route
+  // (still loading when the route changed) stops itself
+  const mine = generation;
+  const id = setInterval(() => {
+    if (mine !== generation) clearInterval(id);
+    else fn();
+  }, ms_);
   timers.push(id);
 }
 
@@ -122,10 +129,13 @@ async function loadOverview() {
 }
 
 async function route() {
+  generation += 1;
   timers.forEach(clearInterval);
   timers = [];
-  const view = document.getElementById("view");
-  view.replaceChildren();
+  // a container of this route's own: a page still loading for an earlier route fills its
+  // own, detached one instead of this one
+  const view = h("div");
+  document.getElementById("view").replaceChildren(view);
   const hash = location.hash || "#/jobs";
   document.getElementById("nav-jobs").classList.toggle("active", hash.startsWith("#/jobs"));
   document.getElementById("nav-operate").classList.toggle("active", hash.startsWith("#/operate"));
