@@ -97,6 +97,8 @@ MATRIX: dict[tuple[str, str], Endpoint] = {
     ("GET", "/docs"): PUBLIC,
     ("GET", "/docs/oauth2-redirect"): PUBLIC,
     ("GET", "/redoc"): PUBLIC,
+    ("GET", "/"): PUBLIC,  # leads to the dashboard's page, which asks for a key itself
+    ("GET", "/v1/overview"): Endpoint("read"),
     ("GET", "/metrics"): Endpoint("operate"),
     ("GET", "/v1/gpu-types"): Endpoint("read"),
     ("GET", "/v1/clusters/named"): Endpoint("read"),
@@ -104,6 +106,7 @@ MATRIX: dict[tuple[str, str], Endpoint] = {
         "submit", frozenset({201}), request=lambda _: {"json": _cluster_spec("other")}
     ),
     ("GET", "/v1/clusters/{cluster_id}"): READ_OWNED,
+    ("GET", "/v1/clusters/{cluster_id}/layout"): READ_OWNED,
     ("POST", "/v1/graphs"): Endpoint(
         "submit",
         frozenset({201}),
@@ -122,6 +125,9 @@ MATRIX: dict[tuple[str, str], Endpoint] = {
     ("GET", "/v1/jobs/{job_id}/graphdef"): READ_OWNED,
     ("GET", "/v1/jobs/{job_id}/device-map"): READ_OWNED,
     ("GET", "/v1/jobs/{job_id}/trace"): READ_OWNED,
+    ("GET", "/v1/jobs/{job_id}/progress"): READ_OWNED,
+    ("GET", "/v1/jobs/{job_id}/timeline"): READ_OWNED,
+    ("GET", "/v1/jobs/{job_id}/report"): READ_OWNED,
     ("GET", "/v1/strategies"): Endpoint(
         "read",
         lists="job",
