@@ -165,6 +165,7 @@ class Planner:
         self._phase: str | None = None
         self._phase_started = time.perf_counter()
         self.reference_step_s: float | None = None
+        self._lower_bound_s: float | None = None
         costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
@@ -176,23 +177,34 @@ class Planner:
             }
             self.evaluation_s = float(prepared["evaluation_s"])
             self.phases = {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
+            self.reference_step_s = self.baselines[REFERENCE].step_time_s
+            self._lower_bound_s = prepared.get("lower_bound_s")
         else:
             self._enter("group")
             self.grouping = group_ops(
                 ir, op_time_s, max_groups=self.options.max_groups, seed=self.options.seed
             )
             self._leave()
-            self._score_baselines()
-        self.reference_step_s = self.baselines[REFERENCE].step_time_s
+            self._score_baselines()  # sets the reference's step
 
     def prepared(self) -> dict:
-        """The group and baseline phases' results as JSON, for ``Planner(prepared=...)``."""
+        """The group and baseline phases' results and the lower bound as JSON, for
+        ``Planner(prepared=...)``."""
         return {
             "op_group": self.grouping.op_group.tolist(),
             "baselines": {name: asdict(score) for name, score in self.baselines.items()},
             "evaluation_s": self.evaluation_s,
             "phases": {k: v.to_dict() for k, v in self.phases.items()},
+            "lower_bound_s": self.lower_bound_s(),
         }
+
+    def lower_bound_s(self) -> float:
+        """The step no strategy beats (:func:`~.search.lower_bound.lower_bound`), computed
+        once."""
+        if self._lower_bound_s is None:
+            bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
+            self._lower_bound_s = bound.step_time_s
+        return self._lower_bound_s
 
     # phases ---------------------------------------------------------------------------
 
@@ -377,14 +389,13 @@ class Planner:
         distributed = None
         if graph_def is not None:
             distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
-        bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
         self._leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
         return PlanResult(
             strategy=strategy,
             evaluation=evaluation,
             baselines=baselines,
-            lower_bound_s=bound.step_time_s,
+            lower_bound_s=self.lower_bound_s(),
             chosen_from=chosen_from,
             plan_time_s=self._elapsed_s(),
             iterations=sum(o.iterations for o in outcomes),

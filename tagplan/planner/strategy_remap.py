@@ -137,12 +137,13 @@ class ClusterMapping:
             src.device_names[i]: dst.device_names[int(to)] for i, to in enumerate(self.devices)
         }
 
+    def remap(self, strategy: Strategy) -> Strategy:
+        """``strategy`` with every group index and device name rewritten."""
+        return remap_strategy(strategy, device_groups=self.groups, devices=self.device_names)
+
     def strategy(self, document: dict[str, Any]) -> dict[str, Any]:
         """A strategy JSON document with every group index and device name rewritten."""
-        strategy = remap_strategy(
-            load_strategy(document), device_groups=self.groups, devices=self.device_names
-        )
-        return strategy.model_dump(mode="json", exclude_none=True)
+        return self.remap(load_strategy(document)).model_dump(mode="json", exclude_none=True)
 
     def per_device(self, values: dict[str, Any]) -> dict[str, Any]:
         """A mapping keyed by device name (e.g. peak memory) in the target's names."""

@@ -335,6 +335,7 @@ class ClusterPublic(BaseModel):
 class NamedClusterPublic(BaseModel):
     name: str
     description: str
+    example: str = Field(description="a name a job can give (random:SEED as random:0)")
     summary: dict[str, Any]
 
 

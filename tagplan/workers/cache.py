@@ -2,12 +2,12 @@
 
 A finished plan answers a new job of the same tenant when it was made for the same graph
 content, batch inputs, loss and batch size, on a cluster with the same canonical
-fingerprint (:func:`find_cached`), with the same **cost inputs**: the planner's version,
+fingerprint, with the same **cost inputs**: the planner's version,
 the job's profiles (by content digest), the search prior and whether sufficient-factor
 broadcast may be used. A plan made with other cost inputs is stale: listed by
 ``GET /v1/strategies`` (marked so), never used to answer. Plans of the same graph on a
-cluster a machine larger or smaller, or at another batch size, are **near misses**
-(:func:`find_near`): they seed the search instead of answering.
+cluster a machine larger or smaller, or at another batch size, are **near misses**: they
+seed the search instead of answering (:func:`find_plans` finds both with one query).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from tagplan.db.models import ClusterRow, Job, JobStatus, Result
 from tagplan.planner.version import planner_version
@@ -27,7 +27,7 @@ from tagplan.planner.version import planner_version
 if TYPE_CHECKING:
     from tagplan.planner.topology import Cluster
 
-__all__ = ["CachedPlan", "cost_inputs", "cost_key", "find_cached", "find_near"]
+__all__ = ["CachedPlan", "cost_inputs", "cost_key", "find_plans"]
 
 PRIOR = "uniform"
 """The search's prior (the GNN's active checkpoint once it guides the search)."""
@@ -65,9 +65,12 @@ class CachedPlan:
     device_map: dict[str, Any] | None
 
 
-def _candidates(session: Session, job: Job, graph_fingerprint: str, key: str) -> list[CachedPlan]:
+def _candidates(
+    session: Session, job: Job, graph_fingerprint: str, key: str
+) -> list[tuple[Result, dict[str, Any]]]:
     """Finished plans of the job's tenant for the same graph, inputs, loss and cost key,
-    fastest first; searched ones only (an answer from the cache copies one of them)."""
+    fastest first, with their cluster specs; searched ones only (an answer from the cache
+    copies one of them). Their summaries and device maps load only when read."""
     rows = session.execute(
         select(Result, Job.batch_inputs, Job.loss, ClusterRow.spec)
         .join(Job, Job.id == Result.job_id)
@@ -80,42 +83,27 @@ def _candidates(session: Session, job: Job, graph_fingerprint: str, key: str) ->
             Job.status == JobStatus.SUCCEEDED,
             Job.id != job.id,
         )
+        .options(defer(Result.summary), defer(Result.device_map))
         .order_by(Result.step_time_s, Result.created_at)
     )
     return [
-        CachedPlan(
-            job_id=result.job_id,
-            summary=result.summary,
-            spec=spec,
-            cluster_fingerprint=result.cluster_fingerprint,
-            batch_size=result.batch_size,
-            step_time_s=result.step_time_s,
-            graphdef_digest=result.graphdef_digest,
-            device_map=result.device_map,
-        )
+        (result, spec)
         for result, batch_inputs, loss, spec in rows
         if batch_inputs == job.batch_inputs and loss == job.loss
     ]
 
 
-def find_cached(
-    session: Session,
-    job: Job,
-    *,
-    graph_fingerprint: str,
-    cluster_fingerprint: str,
-    batch_size: int,
-    key: str,
-) -> CachedPlan | None:
-    """The fastest plan that answers ``job`` (module docstring), None when there is none."""
-    for plan in _candidates(session, job, graph_fingerprint, key):
-        if (
-            plan.cluster_fingerprint == cluster_fingerprint
-            and plan.batch_size == batch_size
-            and plan.graphdef_digest is not None
-        ):
-            return plan
-    return None
+def _plan(result: Result, spec: dict[str, Any]) -> CachedPlan:
+    return CachedPlan(
+        job_id=result.job_id,
+        summary=result.summary,
+        spec=spec,
+        cluster_fingerprint=result.cluster_fingerprint,
+        batch_size=result.batch_size,
+        step_time_s=result.step_time_s,
+        graphdef_digest=result.graphdef_digest,
+        device_map=result.device_map,
+    )
 
 
 def _machines(cluster: Cluster) -> Counter[tuple[str, int]]:
@@ -128,30 +116,34 @@ def _machines(cluster: Cluster) -> Counter[tuple[str, int]]:
     return signatures
 
 
-def find_near(
+def find_plans(
     session: Session,
     job: Job,
     cluster: Cluster,
     *,
     graph_fingerprint: str,
     cluster_fingerprint: str,
+    batch_size: int,
     key: str,
-) -> tuple[CachedPlan, str] | None:
-    """A plan to warm-start ``job`` from and how near it is: ``"batch size"`` (the same
-    cluster at another batch size) or ``"machines"`` (a cluster with at most
-    ``_MAX_MACHINE_CHANGES`` machines more, fewer or different), the nearest first,
-    fastest among equals. None when no plan is that near."""
+) -> tuple[CachedPlan | None, tuple[CachedPlan, str] | None]:
+    """The fastest plan that answers ``job`` (module docstring) and, when there is none,
+    a plan to warm-start it from with how near it is: ``"batch size"`` (the same cluster at
+    another batch size) or ``"machines"`` (a cluster with at most ``_MAX_MACHINE_CHANGES``
+    machines more, fewer or different), the nearest first, fastest among equals."""
     from tagplan.planner.topology import load_cluster
 
-    candidates = _candidates(session, job, graph_fingerprint, key)[:_MAX_NEAR_CANDIDATES]
-    same_cluster = [p for p in candidates if p.cluster_fingerprint == cluster_fingerprint]
+    candidates = _candidates(session, job, graph_fingerprint, key)
+    same_cluster = [c for c in candidates if c[0].cluster_fingerprint == cluster_fingerprint]
+    for result, spec in same_cluster:
+        if result.batch_size == batch_size and result.graphdef_digest is not None:
+            return _plan(result, spec), None
     if same_cluster:
-        return same_cluster[0], "batch size"
+        return None, (_plan(*same_cluster[0]), "batch size")
     mine = _machines(cluster)
-    nearest: tuple[int, CachedPlan] | None = None
-    for plan in candidates:
-        theirs = _machines(load_cluster(plan.spec))
+    nearest: tuple[int, Result, dict[str, Any]] | None = None
+    for result, spec in candidates[:_MAX_NEAR_CANDIDATES]:
+        theirs = _machines(load_cluster(spec))
         changes = sum(((mine - theirs) + (theirs - mine)).values())
         if changes <= _MAX_MACHINE_CHANGES and (nearest is None or changes < nearest[0]):
-            nearest = (changes, plan)
-    return (nearest[1], "machines") if nearest is not None else None
+            nearest = (changes, result, spec)
+    return None, (None if nearest is None else (_plan(nearest[1], nearest[2]), "machines"))

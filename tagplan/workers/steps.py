@@ -29,7 +29,7 @@ from tagplan.planner.strategy import load_strategy
 from tagplan.planner.version import planner_version
 from tagplan.settings import Settings
 from tagplan.workers.analyses import analysis_key, stored_analysis
-from tagplan.workers.cache import CachedPlan, cost_key, find_cached, find_near
+from tagplan.workers.cache import CachedPlan, cost_key, find_plans
 from tagplan.workers.monitor import JobMonitor
 
 if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the planner's types, without importing its modules at run t
     from tagplan.planner.options import PlanOptions
     from tagplan.planner.strategy import Strategy
     from tagplan.planner.strategy_remap import ClusterMapping
-    from tagplan.planner.topology import Cluster
+    from tagplan.planner.topology import CanonicalOrder, Cluster
 
 __all__ = [
     "JobInputs",
@@ -56,19 +56,22 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)
 class JobInputs:
-    """A job's graph (parsed and analyzed), cluster, planner options, cost models, the
-    deadline of its budget (fixed when the job started, shared by every step) and what
-    its analyze step prepared for the others (grouping, baselines), if it has run."""
+    """A job's graph (parsed and analyzed), cluster, the options it was submitted with and
+    the planner options they make, cost models, the deadline of its budget (fixed when the
+    job started, shared by every step) and what its analyze step prepared for the others
+    (grouping, baselines, the cached plan the search starts from), if it has run."""
 
     graph_def: Any  # a GraphDef message of the planner's protobuf descriptors
     ir: GraphIR
     cluster: Cluster
+    requested: dict[str, Any]  # the job's options as submitted
     options: PlanOptions
     profiles: ProfileSource | None
     comm: CommModel | None
     deadline: Deadline
     prepared: dict[str, Any] | None = None
     start: Strategy | None = None  # a cached plan's strategy the search starts from
+    started_from: dict[str, Any] | None = None  # that plan's job_id and how near it was
 
 
 def shard_step(shard: int) -> str:
@@ -92,10 +95,11 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         spec = session.get(ClusterRow, job.cluster_id).spec
         data = get_blob(session, graph.blob_digest)
         batch_inputs, loss, batch_size = job.batch_inputs, job.loss, job.batch_size
-        options = {k: v for k, v in job.options.items() if k in option_names()}
-        if job.options.get("deadline_s") is not None:  # anytime: the answer is due then
-            options["budget_s"] = min(options["budget_s"], job.options["deadline_s"])
-        documents = _profile_documents(session, job.options.get("profiles", []))
+        requested = dict(job.options)
+        options = {k: v for k, v in requested.items() if k in option_names()}
+        if requested.get("deadline_s") is not None:  # anytime: the answer is due then
+            options["budget_s"] = min(options["budget_s"], requested["deadline_s"])
+        documents = _profile_documents(session, requested.get("profiles", []))
         started_at = job.started_at or datetime.now(UTC)
         analyzed = job_state.step_output(session, job_id=job_id, step="analyze") or {}
     graph_def = loads_graph_def(data, max_bytes=settings.max_graph_bytes)
@@ -114,16 +118,19 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
     if started_at.tzinfo is None:  # stored as UTC; SQLite gives it back naive
         started_at = started_at.replace(tzinfo=UTC)
     deadline = Deadline.after(plan_options.budget_s, start_s=started_at.timestamp())
+    start = analyzed.get("start")
     return JobInputs(
         graph_def,
         ir,
         cluster,
+        requested,
         plan_options,
         profiles,
         comm,
         deadline,
         analyzed.get("prepared"),
-        load_strategy(analyzed["start"]["strategy"]) if analyzed.get("start") else None,
+        load_strategy(start["strategy"]) if start else None,
+        {"job_id": start["job_id"], "kind": start["kind"]} if start else None,
     )
 
 
@@ -165,11 +172,14 @@ def analyze_step(settings: Settings, job_id: str) -> bool:
         done = job_state.step_output(session, job_id=job_id, step="analyze")
         if done is not None:
             return not done.get("cached_from")
+    from tagplan.planner.topology import canonical_order
+
     inputs = load_inputs(settings, job_id)
-    key = cost_key(job_options(settings, job_id))
-    cached, start = _cached_plans(settings, job_id, inputs, key)
+    key = cost_key(inputs.requested)
+    order = canonical_order(inputs.cluster)
+    cached, start = _cached_plans(settings, job_id, inputs, order, key)
     if cached is not None:
-        _answer_from_cache(settings, job_id, inputs, cached, key)
+        _answer_from_cache(settings, job_id, inputs, order, cached, key)
         return False
     if start is not None:
         inputs = replace(inputs, start=load_strategy(start["strategy"]))
@@ -196,54 +206,44 @@ def analyze_step(settings: Settings, job_id: str) -> bool:
 def _references(planner: Any) -> dict[str, Any]:
     """What a running job's progress is measured against: every baseline's step (None:
     out of memory) and the lower bound, small enough to read at every poll."""
-    from tagplan.planner.search.lower_bound import lower_bound
-
-    bound = lower_bound(planner.ir, planner.cluster, planner.evaluator.costs)
     return {
         "baselines": {
             name: None if score.oom else score.step_time_s
             for name, score in planner.baselines.items()
         },
-        "lower_bound_s": bound.step_time_s,
+        "lower_bound_s": planner.lower_bound_s(),
     }
 
 
 def _cached_plans(
-    settings: Settings, job_id: str, inputs: JobInputs, key: str
+    settings: Settings, job_id: str, inputs: JobInputs, order: CanonicalOrder, key: str
 ) -> tuple[CachedPlan | None, dict[str, Any] | None]:
     """The cached plan that answers the job (None with ``fresh``), and the strategy its
     search starts from: that plan's (``fresh``) or a near miss's, adapted to the job's
-    cluster, as ``{"strategy", "job_id", "kind"}``."""
+    cluster (``order`` its canonical order), as ``{"strategy", "job_id", "kind"}``."""
     from tagplan.planner.search.warm_start import adapt_strategy
-    from tagplan.planner.topology import canonical_order, load_cluster
+    from tagplan.planner.topology import load_cluster
 
-    order = canonical_order(inputs.cluster)
     with session_scope(settings.sqlalchemy_url) as session:
-        job = session.get(Job, job_id)
-        fresh = bool(job.options.get("fresh", False))
-        where = {"graph_fingerprint": inputs.ir.fingerprint, "key": key}
-        found = find_cached(
+        found, near = find_plans(
             session,
-            job,
+            session.get(Job, job_id),
+            inputs.cluster,
+            graph_fingerprint=inputs.ir.fingerprint,
             cluster_fingerprint=order.fingerprint,
             batch_size=inputs.ir.batch_size,
-            **where,
+            key=key,
         )
-        near = (
-            (found, "same plan")
-            if found is not None
-            else find_near(
-                session, job, inputs.cluster, cluster_fingerprint=order.fingerprint, **where
-            )
-        )
-    if found is not None and not fresh:
-        return found, None
+    if found is not None:
+        if not inputs.requested.get("fresh", False):
+            return found, None
+        near = (found, "same plan")
     if near is None:
         return None, None
     plan, kind = near
     source = load_cluster(plan.spec)
     if plan.cluster_fingerprint == order.fingerprint:
-        strategy = _mapping(source, inputs.cluster).strategy(plan.summary["strategy"])
+        strategy = _mapping(source, inputs.cluster, order).strategy(plan.summary["strategy"])
     else:
         adapted = adapt_strategy(load_strategy(plan.summary["strategy"]), source, inputs.cluster)
         if adapted is None:
@@ -252,15 +252,21 @@ def _cached_plans(
     return None, {"strategy": strategy, "job_id": plan.job_id, "kind": kind}
 
 
-def _mapping(source: Cluster, target: Cluster) -> ClusterMapping:
+def _mapping(source: Cluster, target: Cluster, order: CanonicalOrder) -> ClusterMapping:
+    """Source's numbering to the job's (``order``: the job cluster's canonical order)."""
     from tagplan.planner.strategy_remap import ClusterMapping
     from tagplan.planner.topology import canonical_order
 
-    return ClusterMapping((source, canonical_order(source)), (target, canonical_order(target)))
+    return ClusterMapping((source, canonical_order(source)), (target, order))
 
 
 def _answer_from_cache(
-    settings: Settings, job_id: str, inputs: JobInputs, plan: CachedPlan, key: str
+    settings: Settings,
+    job_id: str,
+    inputs: JobInputs,
+    order: CanonicalOrder,
+    plan: CachedPlan,
+    key: str,
 ) -> None:
     """Complete the job from ``plan``: its strategy remapped to the job's numbering and
     re-simulated, its GraphDef renumbered (:mod:`tagplan.planner.replay`); the trace is
@@ -270,11 +276,11 @@ def _answer_from_cache(
     from tagplan.planner.topology import load_cluster
 
     source = load_cluster(plan.spec)
-    mapping = _mapping(source, inputs.cluster)
+    mapping = _mapping(source, inputs.cluster, order)
     result = replay_plan(
         inputs.ir,
         inputs.cluster,
-        load_strategy(mapping.strategy(plan.summary["strategy"])),
+        mapping.remap(load_strategy(plan.summary["strategy"])),
         plan.summary,
         profiles=inputs.profiles,
         comm=inputs.comm,
@@ -433,11 +439,9 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     trace = _trace_blobs(result)
     distributed = result.distributed
     summary = result.summary() | {"source": "search"}
-    if inputs.start is not None:
-        with session_scope(url) as session:
-            start = job_state.step_output(session, job_id=job_id, step="analyze")["start"]
-        summary["warm_start"] = {"job_id": start["job_id"], "kind": start["kind"]}
-    options = job_options(settings, job_id)
+    if inputs.started_from is not None:
+        summary["warm_start"] = inputs.started_from
+    options = inputs.requested
     cut = {"budget", "skipped"} & set(result.stop_reason.split("+"))
     complete = options.get("deadline_s") is None or not cut
     stored = StoredPlan(

@@ -14,7 +14,9 @@ from fastapi.testclient import TestClient
 from tagplan.planner.graph.protos import GraphDef
 from tests.service.conftest import TENANT, assert_problem, make_key, wait_for
 
-MLP = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 2}}
+# fresh: a search whatever other modules of the tenant planned before (the cache would
+# answer a repeat of their mlp on the testbed without one)
+MLP = {"graph": {"zoo": "mlp"}, "cluster": "testbed", "options": {"budget_s": 2, "fresh": True}}
 
 
 @pytest.fixture(scope="module")

@@ -206,12 +206,7 @@ async function submitForm() {
   const model = h("select", { id: "submit-model" },
     overview.zoo.map((name) => h("option", { value: name }, name)));
   const cluster = h("select", { id: "submit-cluster" },
-    clusters.map((c) => h("option", { value: c.name.includes(":") ? c.summary.name || c.name : c.name },
-      c.name)));
-  for (const option of cluster.options) {
-    if (option.value.includes("SEED")) option.value = option.value.replace("SEED", "0");
-    if (option.value.endsWith(":N")) option.value = option.value.replace(":N", ":32");
-  }
+    clusters.map((c) => h("option", { value: c.example }, c.example)));
   const budget = h("input", { id: "submit-budget", type: "number", min: "1", value: "20", style: "width:5rem" });
   const form = h("form", {
     class: "inline", id: "submit-form", onsubmit: async (event) => {

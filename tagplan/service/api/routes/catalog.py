@@ -36,7 +36,12 @@ def named_clusters(_: ReadKey) -> list[NamedClusterPublic]:
     for entry in list_named_clusters():
         summary = describe(Cluster.from_spec(named_spec(entry.example)))
         out.append(
-            NamedClusterPublic(name=entry.name, description=entry.description, summary=summary)
+            NamedClusterPublic(
+                name=entry.name,
+                description=entry.description,
+                example=entry.example,
+                summary=summary,
+            )
         )
     return out
 

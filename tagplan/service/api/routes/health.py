@@ -42,17 +42,12 @@ def _broker(request: Request) -> str | None:
     return None
 
 
-def readiness_problems(request: Request) -> list[str]:
-    """What keeps the service from planning: an unreachable database or broker."""
-    return [
-        p for p in (_database(request.app.state.settings.sqlalchemy_url), _broker(request)) if p
-    ]
-
-
 @router.get("/readyz")
 def readyz(request: Request) -> JSONResponse:
     """Readiness: 200 when the database and the broker (or embedded worker) answer, else 503."""
-    problems = readiness_problems(request)
+    problems = [
+        p for p in (_database(request.app.state.settings.sqlalchemy_url), _broker(request)) if p
+    ]
     body: dict[str, Any] = {"status": "ok" if not problems else "unavailable", "problems": problems}
     return JSONResponse(body, status_code=200 if not problems else 503)
 

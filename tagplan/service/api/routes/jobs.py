@@ -195,6 +195,13 @@ def get_device_map(job_id: str, session: SessionDep, caller: ReadKey) -> dict[st
 @router.get("/{job_id}/trace", response_class=Response)
 def get_trace(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     """The predicted step as a Chrome trace (JSON; opens in Perfetto)."""
+    result = _traced_result(session, caller, job_id)
+    return Response(get_blob(session, result.trace_digest), media_type="application/json")
+
+
+def _traced_result(session: SessionDep, caller: Principal, job_id: str) -> Result:
+    """The job's result once its trace exists: 409 with ``Retry-After`` while a cache
+    answer's trace is being written, 404 for a plan stored without one."""
     result = _result(session, caller, job_id)
     if result.trace_digest is None and result.source == "cache":
         pending = Problem(
@@ -206,7 +213,7 @@ def get_trace(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
         raise pending
     if result.trace_digest is None:
         raise Problem(404, f"job {job_id} has no trace")
-    return Response(get_blob(session, result.trace_digest), media_type="application/json")
+    return result
 
 
 @router.get("/{job_id}/timeline")
@@ -221,9 +228,7 @@ def get_timeline(
 ) -> dict[str, Any]:
     """The predicted step per GPU and link, windowed and aggregated for drawing: tasks one
     by one where few, busy runs where many (:mod:`tagplan.service.timeline`)."""
-    result = _result(session, caller, job_id)
-    if result.trace_digest is None:
-        raise Problem(404 if result.source != "cache" else 409, f"job {job_id} has no trace yet")
+    result = _traced_result(session, caller, job_id)
     lanes, trace = result.lanes_digest, result.trace_digest
 
     def load() -> Timeline:

@@ -1,5 +1,5 @@
 """``/v1/overview``: what the dashboard shows first — who the caller is and what it may
-do, its jobs by status, the queue, and whether the service is ready."""
+do, its jobs by status and the queue."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
 from tagplan.db.models import Job, JobStatus
-from tagplan.service.api.routes.health import readiness_problems
 from tagplan.service.deps import ReadKey, SessionDep
 from tagplan.service.tenancy import job_filter
 
@@ -19,8 +18,8 @@ router = APIRouter(prefix="/v1/overview", tags=["overview"])
 @router.get("")
 def get_overview(request: Request, session: SessionDep, caller: ReadKey) -> dict[str, Any]:
     """The caller's tenant and scopes, its jobs by status (every tenant's for operators),
-    the jobs waiting for a worker, the readiness problems (none when ready) and the
-    model zoo's graphs a job can name."""
+    the jobs waiting for a worker, and the model zoo's graphs a job can name. The page
+    polls it; readiness, which connects to the broker, is ``/readyz``'s."""
     from tagplan.planner.zoo import catalog  # at the first request, as intake reads the zoo
 
     rows = session.execute(
@@ -34,6 +33,5 @@ def get_overview(request: Request, session: SessionDep, caller: ReadKey) -> dict
         "jobs": {status.value: counts.get(status.value, 0) for status in JobStatus},
         "queue_depth": counts.get(JobStatus.QUEUED.value, 0),
         "embedded": request.app.state.embedded_worker is not None,
-        "problems": readiness_problems(request),
         "zoo": [model.name for model in catalog.list_models()],
     }
