@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -215,6 +216,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _serve_until_interrupted(server: Any, thread: threading.Thread) -> None:
+    """Wait while ``server`` runs in ``thread``; Ctrl-C (or SIGTERM) asks it to stop and
+    its shutdown (the in-process worker included) runs to the end, instead of an exception
+    raised wherever the main thread happens to be."""
+
+    def stop(*_: object) -> None:
+        console.print("stopping", highlight=False)
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    console.print("serving until Ctrl-C", highlight=False)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def demo_command(
     model: Annotated[str, typer.Option(help="Model-zoo graph.")] = "vgg19",
     cluster: Annotated[str, typer.Option("--cluster", "-c")] = "testbed",
@@ -250,9 +270,7 @@ def demo_command(
                 _wait_and_print(client, job, as_json=False)
             console.print(f"dashboard: {url}/ui/#/jobs/{job['id']}", highlight=False)
             if keep:
-                console.print("serving until Ctrl-C", highlight=False)
-                while thread.is_alive():
-                    thread.join(0.5)
+                _serve_until_interrupted(server, thread)
         except KeyboardInterrupt:
             console.print("stopping", highlight=False)
         finally:
