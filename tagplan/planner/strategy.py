@@ -66,8 +66,14 @@ class Option(StrEnum):
 
 
 class Collective(StrEnum):
+    """The AllReduce algorithm of a group's gradients (:mod:`~tagplan.planner.cost.comm`):
+    ``nccl`` is what NCCL's tuner picks per call (ring or tree, the faster for the size),
+    ``auto`` the fastest of ring, hierarchical and tree."""
+
     RING = "ring"
     HIERARCHICAL = "hierarchical"
+    TREE = "tree"
+    NCCL = "nccl"
     AUTO = "auto"
 
 

@@ -14,7 +14,12 @@ Per op, from its group's decision and its split category (TAG §4.1.1):
   non-batch op like any other and reads the summed partials;
 * parameters follow their synchronization (TAG §4.2): with AllReduce the variable, its
   optimizer slots and its update are mirrored on every GPU of the group (identical
-  initial values, identical updates); with a parameter server they live on the PS GPU;
+  initial values, identical updates); with a parameter server they live on the PS GPU.
+  So does an embedding table updated sparsely: mirrored, every replica looks up its own
+  rows and applies every replica's gradient rows (an AllGather of rows); on a parameter
+  server, the classic PS layout, the table, its lookups and its sparse updates run
+  there, the replicas pulling the rows their batch reads and pushing back the gradient
+  rows, never the table;
 * a ``duplicate`` group runs every op on every GPU of the group with the full batch;
 * a ``model-parallel`` group runs each op once on the GPU the strategy assigned it.
 
@@ -105,11 +110,14 @@ def _partial_producers(ir: GraphIR, op: int) -> list[int]:
 
 
 def _parameter_ops(ir: GraphIR) -> np.ndarray:
-    """Per op: is it a parameter's variable, optimizer slot or update op."""
-    params = ir.parameters
+    """Per op: is it a parameter's variable, optimizer slot or update op, or a sparse
+    parameter's table or slot (its lookups and updates follow it by colocation)."""
+    params, tables = ir.parameters, ir.sparse_parameters
     found = np.zeros(ir.num_ops, dtype=bool)
     for ops in (params.variable_op, params.slot_op, params.region_op):
         found[ops] = True
+    found[tables.variable_op] = True
+    found[tables.slot_op] = True
     return found
 
 

@@ -1,7 +1,7 @@
 """Communication times over a :class:`~tagplan.planner.topology.Cluster` (docs/design.md §3).
 
 Closed forms, in seconds, for the transfers the compiler prices as one task:
-point-to-point copies and ring or hierarchical AllReduce. Fitted segmented-linear models
+point-to-point copies and ring, hierarchical or tree AllReduce. Fitted segmented-linear models
 (TAG §4.1.2, measured by :mod:`.comm_profiler`) replace them through :class:`CommModel`
 where a profile covers the case. Parameter-server pushes and pulls and the broadcasts of
 sufficient factors are compiled into point-to-point copies, which the simulator runs
@@ -41,13 +41,14 @@ __all__ = [
     "hierarchical_allreduce_time_s",
     "p2p_time_s",
     "ring_allreduce_time_s",
+    "tree_allreduce_time_s",
 ]
 
 DeviceList = Sequence[int] | Set[int] | npt.NDArray[np.integer]
 """Devices by index: a sequence (kept in order) or a set (sorted by index)."""
-AllReduceAlgorithm = Literal["ring", "hierarchical", "auto"]
+AllReduceAlgorithm = Literal["ring", "hierarchical", "tree", "nccl", "auto"]
 
-_ALGORITHMS = ("ring", "hierarchical", "auto")
+_ALGORITHMS = ("ring", "hierarchical", "tree", "nccl", "auto")
 
 
 # --------------------------------------------------------------------------- input checks
@@ -180,24 +181,84 @@ def hierarchical_allreduce_time_s(
     return as_seconds(np.where(sizes > 0, seconds, 0.0), scalar)
 
 
+def tree_allreduce_time_s(cluster: Cluster, devices: DeviceList, nbytes: npt.ArrayLike) -> Seconds:
+    """NCCL's tree AllReduce (a chain inside each machine, double binary trees across
+    machines, pipelined), in seconds.
+
+    The devices are grouped by machine; each machine's devices form a chain in index
+    order whose head (the lowest index) joins the trees among the ``M`` machines. The
+    reduction flows up the chains and trees and the result back down, both pipelined in
+    chunks, and each of the two binary trees carries half of the data. A device is an
+    inner vertex of at most one tree, so each phase sends and receives at most ``S``
+    bytes per device and link, and a chunk crosses ``k_m - 1`` chain hops and
+    ``⌈log2 M⌉`` tree levels each way:
+
+    .. math:: t = \\frac{2S}{B_{min}}
+              + 2\\left(\\max_m (k_m-1)\\, α_{chain} + ⌈\\log_2 M⌉\\, α_{net}\\right)
+
+    ``B_min`` is the slowest link of any chain or between any two chain heads, ``α_chain``
+    the highest latency along a chain, ``α_net`` the highest between two heads. The
+    latency grows with ``log M`` where the ring's grows with ``k``, for twice the ring's
+    bytes per link at large ``k``: the tree wins on small messages across many machines,
+    the ring on large ones and inside one machine, where the tree is one chain (as NCCL
+    itself never runs a tree inside one machine). The crossover, solving ring = tree, is in
+    docs/design.md §3.
+    """
+    idx = np.sort(_devices(cluster, devices, "devices"))
+    if idx.size == 0:
+        raise InvalidInput("an AllReduce needs at least one device")
+    sizes, scalar = as_sizes(nbytes)
+    if idx.size < 2:
+        return as_seconds(np.zeros_like(sizes), scalar)
+    machines = cluster.device_machine[idx]
+    heads = np.array([idx[machines == m][0] for m in np.unique(machines)], dtype=np.int64)
+    bandwidth, chain_depth_s = np.inf, 0.0
+    for m in np.unique(machines):
+        chain = idx[machines == m]
+        if chain.size > 1:
+            chain_bandwidth, chain_latency = _chain_links(cluster, chain)
+            bandwidth = min(bandwidth, chain_bandwidth)
+            chain_depth_s = max(chain_depth_s, (chain.size - 1) * chain_latency)
+    tree_depth_s = 0.0
+    if heads.size > 1:
+        pairs = ~np.eye(heads.size, dtype=bool)
+        bandwidth = min(
+            bandwidth, float(cluster.bandwidth_bytes_per_s[np.ix_(heads, heads)][pairs].min())
+        )
+        levels = int(np.ceil(np.log2(heads.size)))
+        tree_depth_s = levels * float(cluster.latency_s[np.ix_(heads, heads)][pairs].max())
+    seconds = 2.0 * sizes / bandwidth + 2.0 * (chain_depth_s + tree_depth_s)
+    return as_seconds(np.where(sizes > 0, seconds, 0.0), scalar)
+
+
+_CLOSED_FORMS = {
+    "ring": ring_allreduce_time_s,
+    "hierarchical": hierarchical_allreduce_time_s,
+    "tree": tree_allreduce_time_s,
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "nccl": ("ring", "tree"),
+    "auto": ("ring", "hierarchical", "tree"),
+}
+
+
 def allreduce_time_s(
     cluster: Cluster,
     devices: DeviceList,
     nbytes: npt.ArrayLike,
     algorithm: AllReduceAlgorithm = "ring",
 ) -> Seconds:
-    """AllReduce time in seconds with ``algorithm``: ``ring``, ``hierarchical`` or ``auto``.
+    """AllReduce time in seconds with ``algorithm``: ``ring``, ``hierarchical``, ``tree``,
+    ``nccl`` or ``auto``.
 
-    ``auto`` is the cheaper of the two for each size (element-wise minimum).
+    ``nccl`` is what NCCL's tuner picks per call, the faster of ring and tree for each
+    size; ``auto`` is the fastest of ring, hierarchical and tree (element-wise minimum).
     """
-    if algorithm == "ring":
-        return ring_allreduce_time_s(cluster, devices, nbytes)
-    if algorithm == "hierarchical":
-        return hierarchical_allreduce_time_s(cluster, devices, nbytes)
-    if algorithm == "auto":
-        ring = ring_allreduce_time_s(cluster, devices, nbytes)
-        tree = hierarchical_allreduce_time_s(cluster, devices, nbytes)
-        return as_seconds(np.minimum(ring, tree), np.ndim(ring) == 0)
+    if algorithm in _CLOSED_FORMS:
+        return _CLOSED_FORMS[algorithm](cluster, devices, nbytes)
+    if algorithm in _CHOICES:
+        times = [_CLOSED_FORMS[name](cluster, devices, nbytes) for name in _CHOICES[algorithm]]
+        return as_seconds(np.minimum.reduce([np.asarray(t) for t in times]), np.ndim(times[0]) == 0)
     raise InvalidInput(
         f"unknown AllReduce algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHMS)}"
     )
@@ -222,7 +283,8 @@ class CommModel:
 
     - **p2p**: the ``p2p.intra`` / ``p2p.inter`` model of the path's kind;
     - **AllReduce** among ``k`` devices of one machine: ``allreduce["k"]`` (the
-      algorithm the library picked when measuring; unless ``hierarchical`` is asked).
+      algorithm the library picked when measuring; unless ``hierarchical`` or ``tree`` is
+      asked).
 
     Anything else — another device type, a link kind or ``k`` the profile lacks,
     AllReduce across machines — uses the closed forms of this module. Each ``*_detail``
@@ -265,7 +327,7 @@ class CommModel:
         """:func:`allreduce_time_s`, or the profile's model for ``k`` devices of one machine."""
         analytic = allreduce_time_s(self.cluster, devices, nbytes, algorithm)
         idx = _devices(self.cluster, devices, "devices")
-        if self.profile is None or idx.size < 2 or algorithm == "hierarchical":
+        if self.profile is None or idx.size < 2 or algorithm in ("hierarchical", "tree"):
             return CommEstimate(analytic, False)
         model = self.profile.allreduce.get(str(idx.size))
         one_machine = np.unique(self.cluster.device_machine[idx]).size == 1

@@ -2,8 +2,10 @@
 of the same kind the search produces, so one compiler and one simulator judge them all.
 
 * ``single``: the whole step on the best single GPU that fits it;
-* ``dp-nccl``: data parallelism on every GPU, equal batch shares, one ring AllReduce per
-  gradient after the backward pass (TAG's in-graph DP-NCCL);
+* ``dp-nccl``: data parallelism on every GPU, equal batch shares, the gradients
+  synchronized after the backward pass as TensorFlow's ``MirroredStrategy`` does by
+  default (TAG's DP-NCCL): concatenated into one pack (``NcclAllReduce(num_packs=1)``)
+  and reduced by one NCCL AllReduce, ring or tree, whichever NCCL picks for its size;
 * ``dp-nccl-p``: the same with batch shares proportional to each GPU's speed on this
   model (TAG §5.2 baseline 2);
 * ``dp-ps``: data parallelism with parameters spread round-robin over every GPU acting
@@ -66,14 +68,24 @@ def single_gpu(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
     return Strategy(name="single", default=decision)
 
 
-def dp_nccl(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
-    decision = GroupDecision(
+def _mirrored(
+    ir: GraphIR, cluster: Cluster, batch_weights: dict[str, float] | None
+) -> GroupDecision:
+    """Data parallelism as ``MirroredStrategy`` runs it: every gradient in one pack, a
+    bucket that holds all of them and so starts once the backward pass is done, reduced
+    by the algorithm NCCL picks."""
+    return GroupDecision(
         device_groups=_all_groups(cluster),
         option=Option.REPLICATE_ALLREDUCE,
-        collective=Collective.RING,
-        gradient_sync=GradientSync.AFTER_BACKWARD,
+        collective=Collective.NCCL,
+        gradient_sync=GradientSync.BUCKETED,
+        bucket_bytes=max(1, int(ir.parameters.bytes.sum())),
+        batch_weights=batch_weights,
     )
-    return Strategy(name="dp-nccl", default=decision)
+
+
+def dp_nccl(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    return Strategy(name="dp-nccl", default=_mirrored(ir, cluster, None))
 
 
 def dp_nccl_proportional(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
@@ -84,37 +96,26 @@ def dp_nccl_proportional(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> S
         / max(costs.op_times(_device_type(cluster, d), local).total_s, 1e-12)
         for d in range(cluster.num_devices)
     }
-    decision = GroupDecision(
-        device_groups=_all_groups(cluster),
-        option=Option.REPLICATE_ALLREDUCE,
-        collective=Collective.RING,
-        gradient_sync=GradientSync.AFTER_BACKWARD,
-        batch_weights=speed,
-    )
-    return Strategy(name="dp-nccl-p", default=decision)
+    return Strategy(name="dp-nccl-p", default=_mirrored(ir, cluster, speed))
 
 
 def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
-    """Every parameter's variable, slots and update on one PS GPU, placed greedily in
-    order of decreasing parameter size: on the machine holding the fewest parameter bytes
-    so far (its network link carries every remote worker's push and pull of them, as
-    TensorFlow's greedy load balancing by byte size spreads variables over PS tasks), and
-    there on its least-loaded GPU."""
-    params = ir.parameters
+    """Every trainable variable (a dense parameter, or an embedding table, with its slots
+    and updates) on one PS GPU, placed greedily in order of decreasing size: on the
+    machine holding the fewest parameter bytes so far (its network link carries every
+    remote worker's push and pull of them, as TensorFlow's greedy load balancing by byte
+    size spreads variables over PS tasks), and there on its least-loaded GPU."""
     groups = _all_groups(cluster)
-    order = np.argsort(-params.bytes, kind="stable")
+    variables = _ps_variables(ir)
     load = np.zeros(cluster.num_devices)
     machine_load = np.zeros(cluster.num_machines)
     op_groups = []
-    for row in order.tolist():
+    for nbytes, ops in sorted(variables, key=lambda v: -v[0]):
         machine = int(np.argmin(machine_load))
         members = cluster.machine_devices(machine)
         device = int(members[np.argmin(load[members])])
-        load[device] += params.bytes[row]
-        machine_load[machine] += params.bytes[row]
-        ops = {int(params.variable_op[row]), int(params.apply_op[row])}
-        ops.update(params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]].tolist())
-        ops.update(params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]].tolist())
+        load[device] += nbytes
+        machine_load[machine] += nbytes
         decision = GroupDecision(
             device_groups=groups,
             option=Option.REPLICATE_PS,
@@ -123,6 +124,25 @@ def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
         op_groups.append(OpGroup(ops=[ir.op_names[o] for o in sorted(ops)], decision=decision))
     default = GroupDecision(device_groups=groups, option=Option.REPLICATE_PS)
     return Strategy(name="dp-ps", groups=op_groups, default=default)
+
+
+def _ps_variables(ir: GraphIR) -> list[tuple[int, set[int]]]:
+    """``(bytes, ops)`` of every trainable variable a parameter server holds: a dense
+    parameter with its slots and update region, a sparse table with its slots and
+    updates (its lookups follow it by colocation)."""
+    params, tables = ir.parameters, ir.sparse_parameters
+    found = []
+    for row in range(len(params)):
+        ops = {int(params.variable_op[row]), int(params.apply_op[row])}
+        ops.update(params.slot_op[params.slot_ptr[row] : params.slot_ptr[row + 1]].tolist())
+        ops.update(params.region_op[params.region_ptr[row] : params.region_ptr[row + 1]].tolist())
+        found.append((int(params.bytes[row]), ops))
+    for row in range(len(tables)):
+        ops = {int(tables.variable_op[row])}
+        ops.update(tables.slot_op[tables.slot_ptr[row] : tables.slot_ptr[row + 1]].tolist())
+        ops.update(tables.update_op[tables.update_ptr[row] : tables.update_ptr[row + 1]].tolist())
+        found.append((int(tables.bytes[row]), ops))
+    return found
 
 
 def horovod(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:

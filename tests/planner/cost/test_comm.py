@@ -20,6 +20,7 @@ from tagplan.planner.cost.comm import (
     hierarchical_allreduce_time_s,
     p2p_time_s,
     ring_allreduce_time_s,
+    tree_allreduce_time_s,
 )
 from tagplan.planner.cost.comm_profile import (
     COMM_PROFILE_FORMAT,
@@ -173,8 +174,70 @@ class TestHierarchicalAllReduce:
         assert allreduce_time_s(two_by_two, [0, 1], S, "auto") == pytest.approx(0.001004)
 
     def test_unknown_algorithm(self, two_by_two: Cluster) -> None:
-        with pytest.raises(InvalidInput, match="unknown AllReduce algorithm 'tree'"):
-            allreduce_time_s(two_by_two, [0, 1], S, "tree")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="unknown AllReduce algorithm 'butterfly'"):
+            allreduce_time_s(two_by_two, [0, 1], S, "butterfly")  # type: ignore[arg-type]
+
+
+class TestTreeAllReduce:
+    def test_two_by_two(self, two_by_two: Cluster) -> None:
+        # 2·S/B_net (each link carries S up and S down) + 2·(1 chain hop + ⌈log2 2⌉ level)
+        expected = 2 * S / B_NET + 2 * (A_INTRA + A_NET)
+        assert tree_allreduce_time_s(two_by_two, [0, 1, 2, 3], S) == pytest.approx(expected)
+
+    def test_latency_grows_with_log_of_machines(self) -> None:
+        # 16 one-GPU machines: 4 tree levels each way against the ring's 15 hops each way.
+        cluster = machines(*[1] * 16)
+        devices = list(range(16))
+        assert tree_allreduce_time_s(cluster, devices, 1) == pytest.approx(
+            2 / B_NET + 2 * 4 * A_NET
+        )
+        assert ring_allreduce_time_s(cluster, devices, 1) == pytest.approx(
+            2 * 15 / 16 / B_NET + 2 * 15 * A_NET
+        )
+
+    def test_one_machine_is_a_chain_slower_than_the_ring(self, two_by_two: Cluster) -> None:
+        assert tree_allreduce_time_s(two_by_two, [0, 1], S) == pytest.approx(
+            2 * S / B_INTRA + 2 * A_INTRA
+        )
+        assert allreduce_time_s(two_by_two, [0, 1], S, "nccl") == pytest.approx(
+            ring_allreduce_time_s(two_by_two, [0, 1], S)
+        )
+
+    def test_one_device_and_zero_bytes(self, two_by_two: Cluster) -> None:
+        assert tree_allreduce_time_s(two_by_two, [3], S) == 0.0
+        np.testing.assert_allclose(
+            tree_allreduce_time_s(two_by_two, [0, 2], [0.0, S]), [0.0, 2 * S / B_NET + 2 * A_NET]
+        )
+
+    def test_nccl_switches_to_the_ring_at_the_crossover(self) -> None:
+        # M one-GPU machines: ring = tree where 2S/(M·B) = 2α(M-1-⌈log2 M⌉), so
+        # S* = M·B·α·(M-1-⌈log2 M⌉) = 16·1e10·1e-5·11 = 17.6 MB.
+        cluster = machines(*[1] * 16)
+        devices = list(range(16))
+        crossover = 16 * B_NET * A_NET * (16 - 1 - 4)
+        sizes = np.array([crossover / 2, crossover * 2])
+        ring = ring_allreduce_time_s(cluster, devices, sizes)
+        tree = tree_allreduce_time_s(cluster, devices, sizes)
+        assert tree[0] < ring[0] and ring[1] < tree[1]
+        assert tree_allreduce_time_s(cluster, devices, crossover) == pytest.approx(
+            ring_allreduce_time_s(cluster, devices, crossover)
+        )
+        np.testing.assert_allclose(
+            allreduce_time_s(cluster, devices, sizes, "nccl"), [tree[0], ring[1]]
+        )
+
+    def test_auto_is_the_fastest_of_three(self) -> None:
+        cluster = machines(4, 4, 4, 4, 4, 4, 4, 4)
+        devices = list(range(32))
+        sizes = np.logspace(2, 9, 15)
+        fastest = np.minimum.reduce(
+            [
+                ring_allreduce_time_s(cluster, devices, sizes),
+                hierarchical_allreduce_time_s(cluster, devices, sizes),
+                tree_allreduce_time_s(cluster, devices, sizes),
+            ]
+        )
+        np.testing.assert_allclose(allreduce_time_s(cluster, devices, sizes, "auto"), fastest)
 
 
 # --------------------------------------------------------------------------- fitting
