@@ -11,7 +11,8 @@ default). Rows:
 * single GPU, Google Compute Engine n1-standard-32-k80x8 (one GK210 of a Tesla K80), at
   the guide's batch sizes (64 for Inception-v3 and ResNet-50, 32 for ResNet-152, VGG16);
 * scaling on the DGX-1: images/s on 2, 4 and 8 P100 over images/s on one, batch 64 per
-  GPU, predicted with the ``dp-nccl`` baseline (ring AllReduce after the backward pass).
+  GPU, predicted with the ``dp-nccl`` baseline (one packed NCCL AllReduce after the
+  backward pass).
 
 The training graphs are built here from ``tf_keras.applications`` (``weights=None``,
 nothing downloaded) with the zoo's recipe and SGD, as the guide trained: forward,
