@@ -18,7 +18,9 @@
 The plan is the fastest strategy that fits in memory among what the search found and the
 baselines (every baseline is a strategy of the same space, so no plan is ever worse than
 one of them; ``PlanResult.chosen_from`` says which won). When nothing fits, op groups move
-to model parallelism until the step fits (:func:`~.search.mcts.make_feasible`), else
+to model parallelism until the step fits (:func:`~.search.mcts.make_feasible`), and the
+baselines that spread memory most (DP-PS's sharded parameters, m-TOPO's memory-capped
+placement) are tried if the budget had skipped them; when none fits,
 :class:`~.errors.Infeasible` names the overflow.
 
 :class:`Planner` exposes the phases one by one so a job can be spread over workers: each
@@ -92,6 +94,8 @@ __all__ = [
 
 PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
 REFERENCE = "dp-nccl"
+# baselines that spread memory, tried when nothing else fits and the budget skipped them
+_MEMORY_SPREADING = ("dp-ps", "m-topo")
 # share of the budget the baselines after DP-NCCL may take
 _BASELINE_SHARE = 0.25
 # share of the budget SFB's ILPs may take after the search
@@ -381,9 +385,14 @@ class Planner:
         self._enter("compile")
         if evaluation.result.oom:
             overflow = int(evaluation.result.overflow_bytes.sum())
+            tried = (
+                "with op groups moved to model parallelism until the budget ran out "
+                "(a larger budget_s tries more)"
+                if self.deadline.left_s() <= 0
+                else "even with every op group model-parallel"
+            )
             raise Infeasible(
-                f"no strategy fits in the GPUs' memory: {overflow / 2**30:.2f} GiB over "
-                "even with every op group model-parallel",
+                f"no strategy fits in the GPUs' memory: {overflow / 2**30:.2f} GiB over {tried}",
                 overflow_bytes=overflow,
             )
         distributed = None
@@ -425,7 +434,8 @@ class Planner:
     def _contenders(self, best: SearchOutcome | None) -> list[tuple[str, Strategy]]:
         """The search's strategy and the fastest baseline that fits, search first; when
         nothing fits, the search's (or, without a search, DP over every GPU's) made
-        feasible by more model parallelism."""
+        feasible by more model parallelism, and the memory-spreading baselines the budget
+        skipped."""
         fitting = {name: b.step_time_s for name, b in self.baselines.items() if not b.oom}
         contenders = [] if best is None or best.oom else [("search", best.strategy)]
         if fitting:
@@ -434,8 +444,14 @@ class Planner:
         if not contenders:
             search = self._search(best.seed if best else self.options.seed)
             start = best.actions if best else search.complete([0])
-            _, evaluation = make_feasible(search, start)
+            _, evaluation = make_feasible(search, start, time_left_s=self.deadline.left_s)
             contenders.append(("search", evaluation.strategy))
+            costs = search.evaluator.costs
+            contenders += [
+                (name, baseline_strategy(name, self.ir, self.cluster, costs))
+                for name in _MEMORY_SPREADING
+                if name not in self.baselines
+            ]
         if self.start is not None:
             contenders.append(("start", self.start))
         return contenders

@@ -4,9 +4,11 @@ the baselines, infeasible inputs, and proof by execution of the returned plan.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from tagplan.planner.budget import Deadline
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
@@ -117,6 +119,20 @@ def test_bert_large_where_data_parallelism_runs_out_of_memory_gets_a_plan_that_f
     assert result.baselines["dp-nccl"] is None and result.baselines["horovod"] is None
     assert not result.evaluation.result.oom
     assert result.summary()["oom"] is False
+
+
+@pytest.mark.slow
+def test_a_budget_that_skips_the_baselines_that_fit_still_gets_a_plan_that_fits() -> None:
+    # The same case with a deadline that has passed when planning starts: DP-NCCL (which
+    # always runs) runs out of memory, the other baselines and the search get no time,
+    # and moving groups to model parallelism stops at once; DP-PS, whose sharded
+    # parameters fit, is tried before refusing
+    ir = zoo_ir("bert_large", 48)
+    options = PlanOptions(budget_s=2, sfb=False)
+    passed = Deadline.after(options.budget_s, start_s=time.time() - options.budget_s)
+    result = plan(ir, gpus("GTX-1080Ti", 2, 2), options=options, deadline=passed)
+    assert result.baselines["dp-nccl"] is None and "dp-ps" not in result.baselines
+    assert result.chosen_from == "dp-ps" and not result.evaluation.result.oom
 
 
 @pytest.mark.tf

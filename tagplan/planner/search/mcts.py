@@ -389,11 +389,15 @@ class StrategySearch:
 
 
 def make_feasible(
-    search: StrategySearch, key: tuple[int, ...]
+    search: StrategySearch,
+    key: tuple[int, ...],
+    *,
+    time_left_s: Callable[[], float] | None = None,
 ) -> tuple[tuple[int, ...], Evaluation]:
     """Turn op groups of ``key`` to model parallelism over every device group, most
     parameter bytes first among the groups that use an overflowing GPU, until the step
-    fits or every group is model-parallel. Returns the last key and its evaluation."""
+    fits, every group is model-parallel, or ``time_left_s()`` reaches zero. Returns the
+    last key and its evaluation."""
     spread = Action(tuple(range(search.evaluator.cluster.num_groups)), Option.MODEL_PARALLEL)
     if spread not in search.space.actions:
         raise InvalidInput("the action space lacks model parallelism over every device group")
@@ -404,7 +408,8 @@ def make_feasible(
         evaluation = search.evaluator.evaluate(search.strategy_of(tuple(current)))
         result = evaluation.result
         movable = [g for g, a in enumerate(current) if a != spread_index]
-        if not result.oom or not movable:
+        out_of_time = time_left_s is not None and time_left_s() <= 0
+        if not result.oom or not movable or out_of_time:
             return tuple(current), evaluation
         over = np.flatnonzero(result.overflow_bytes > 0)
         on_overflow = [
