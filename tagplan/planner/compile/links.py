@@ -19,7 +19,10 @@ over each at the rate ``R`` of the ring's slowest path.
 A task's duration comes from the cost model (:class:`~tagplan.planner.cost.comm.CommModel`,
 which may use a measured profile); its *bandwidth part* is the time its bytes take at
 ``R``, capped at the duration, and its *latency part* the rest: the path's latency for
-a closed-form point-to-point copy, ``2(k-1)`` latencies for a ring.
+a closed-form point-to-point copy, ``2(k-1)`` latencies for a ring. Every AllReduce is
+split by the ring's bytes, whichever algorithm priced it: a tree moves ``2S`` per link
+rather than ``2(k-1)S/k``, so ``2S/(kR)`` of its bandwidth part counts as latency, a
+small part where a tree is chosen at all (latency-bound messages).
 """
 
 from __future__ import annotations
