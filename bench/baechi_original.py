@@ -49,14 +49,14 @@ from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baechi import (
     CONTROL_MESSAGE_BYTES,
     MIN_OP_TIME_S,
-    _capacity,
-    _device_times,
+    ProfiledView,
     m_etf,
     m_sct,
     m_topo,
+    placement_strategy,
 )
 from tagplan.planner.search.grouping import atoms_of
-from tagplan.planner.strategy import GroupDecision, Option, Strategy, resolve
+from tagplan.planner.strategy import Strategy, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 from tagplan.planner.topology.named import named_cluster_spec
 
@@ -115,17 +115,15 @@ def load_original(repo: Path, folder: Path) -> dict[str, Callable[..., Any]]:
     return placers
 
 
-def export(ir: GraphIR, cluster: Cluster, seconds: np.ndarray) -> tuple[Any, Any]:
-    """``ir`` on ``cluster`` as Baechi's (op graph, device graph); times in microseconds,
-    at least :data:`MIN_OP_TIME_S` per op as our placers take them (Baechi's profiles
-    give every op at least 1)."""
+def export(ir: GraphIR, cluster: Cluster, view: ProfiledView) -> tuple[Any, Any]:
+    """``ir`` on ``cluster`` as Baechi's (op graph, device graph), with the figures our
+    placers see (``view``); times in microseconds, at least :data:`MIN_OP_TIME_S` per op
+    as our placers take them (Baechi's profiles give every op at least 1)."""
     import networkx as nx
 
     memory = op_memory(ir)
     units = atoms_of(ir)
-    latency_us = 1e6 * cluster.latency_s[0, 1]
-    us_per_byte = 1e6 / cluster.bandwidth_bytes_per_s[0, 1]
-    op_us = 1e6 * np.maximum(seconds, MIN_OP_TIME_S)
+    op_us = 1e6 * np.maximum(view.op_time_s, MIN_OP_TIME_S)
     ops = nx.DiGraph()
     for op in range(ir.num_ops):
         ops.add_node(
@@ -148,26 +146,14 @@ def export(ir: GraphIR, cluster: Cluster, seconds: np.ndarray) -> tuple[Any, Any
                 ops.add_edge(producer, op, id=ops.number_of_edges(), weight=0.0, tensor=[])
             edge = ops[producer][op]
             if all(tensor["name"] != name for tensor in edge["tensor"]):
-                weight = float(latency_us + nbytes * us_per_byte)
+                weight = float(1e6 * view.transfer_s(1, nbytes))
                 edge["tensor"].append({"name": name, "weight": weight, "num_bytes": int(nbytes)})
                 edge["weight"] += weight
     importlib.import_module("placer.placer_utils").assign_topo_order(ops)
     devices = nx.Graph()
-    for d, capacity in enumerate(_capacity(cluster).tolist()):
+    for d, capacity in enumerate(view.capacity_bytes.tolist()):
         devices.add_node(d, id=d, name=str(cluster.device_names[d]), size=0, memory_limit=capacity)
     return ops, devices
-
-
-def model_parallel(ir: GraphIR, cluster: Cluster, device_of_op: np.ndarray, name: str) -> Strategy:
-    placement = {
-        ir.op_names[op]: str(cluster.device_names[d]) for op, d in enumerate(device_of_op.tolist())
-    }
-    decision = GroupDecision(
-        device_groups=list(range(cluster.num_groups)),
-        option=Option.MODEL_PARALLEL,
-        placement=placement,
-    )
-    return Strategy(name=name, default=decision)
 
 
 def compare(
@@ -178,7 +164,7 @@ def compare(
     ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
     cluster = load_cluster(cluster_spec)
     evaluator = Evaluator(ir, cluster)
-    op_graph, device_graph = export(ir, cluster, _device_times(ir, cluster, evaluator.costs)[0])
+    op_graph, device_graph = export(ir, cluster, ProfiledView.of(ir, cluster, evaluator.costs))
     rows = []
     for name, ours in OURS.items():
         start = time.perf_counter()
@@ -190,7 +176,7 @@ def compare(
         ours_wall_s = time.perf_counter() - start
         our_devices = resolve(strategy, ir, cluster).op_device
         original_s = evaluator.evaluate(
-            model_parallel(ir, cluster, original_devices, name)
+            placement_strategy(ir, cluster, original_devices, name)
         ).step_time_s
         ours_s = evaluator.evaluate(strategy).step_time_s
         rows.append(

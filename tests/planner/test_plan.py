@@ -103,9 +103,17 @@ def test_bad_options_are_refused() -> None:
 
 def test_a_graph_that_fits_nowhere_is_infeasible_with_its_overflow() -> None:
     ir = zoo_ir("vgg19")
-    with pytest.raises(Infeasible) as raised:
+    with pytest.raises(Infeasible, match="even with every op group") as raised:
         plan(ir, gpus("TINY", 1, 2, memory_gib=0.5), options=PlanOptions(iterations=3))
     assert raised.value.overflow_bytes > 0
+
+
+def test_a_refusal_says_when_the_budget_cut_the_attempt() -> None:
+    ir = zoo_ir("vgg19")
+    options = PlanOptions(iterations=3)
+    passed = Deadline.after(options.budget_s, start_s=time.time() - options.budget_s)
+    with pytest.raises(Infeasible, match="until the budget ran out"):
+        plan(ir, gpus("TINY", 1, 2, memory_gib=0.5), options=options, deadline=passed)
 
 
 @pytest.mark.slow

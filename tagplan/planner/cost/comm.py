@@ -110,6 +110,19 @@ def _ring(cluster: Cluster, ring: npt.NDArray[np.int64], sizes: np.ndarray) -> n
     return np.where(sizes > 0, seconds, 0.0)
 
 
+def _machine_chains(
+    cluster: Cluster, devices: DeviceList
+) -> tuple[npt.NDArray[np.int64], list[npt.NDArray[np.int64]]]:
+    """The devices grouped by machine for the hierarchical and tree algorithms: each
+    machine's devices as a chain in index order, and the chains' heads (lowest index)."""
+    idx = np.sort(_devices(cluster, devices, "devices"))
+    if idx.size == 0:
+        raise InvalidInput("an AllReduce needs at least one device")
+    machines = cluster.device_machine[idx]
+    chains = [idx[machines == m] for m in np.unique(machines)]
+    return np.array([chain[0] for chain in chains], dtype=np.int64), chains
+
+
 def p2p_time_s(cluster: Cluster, src: int, dst: int, nbytes: npt.ArrayLike) -> Seconds:
     """Point-to-point copy of ``nbytes`` from device ``src`` to ``dst``, in seconds.
 
@@ -165,15 +178,10 @@ def hierarchical_allreduce_time_s(
     the slowest link and highest latency along machine ``m``'s chain; ``B_min``,
     ``α_max`` those of the leader ring. With one device per machine this is the ring.
     """
-    idx = np.sort(_devices(cluster, devices, "devices"))
-    if idx.size == 0:
-        raise InvalidInput("an AllReduce needs at least one device")
+    leaders, chains = _machine_chains(cluster, devices)
     sizes, scalar = as_sizes(nbytes)
-    machines = cluster.device_machine[idx]
-    leaders = np.array([idx[machines == m][0] for m in np.unique(machines)], dtype=np.int64)
     local = np.zeros_like(sizes)
-    for m in np.unique(machines):
-        chain = idx[machines == m]
+    for chain in chains:
         if chain.size > 1:
             bandwidth, latency = _chain_links(cluster, chain)
             local = np.maximum(local, sizes / bandwidth + (chain.size - 1) * latency)
@@ -204,17 +212,12 @@ def tree_allreduce_time_s(cluster: Cluster, devices: DeviceList, nbytes: npt.Arr
     itself never runs a tree inside one machine). The crossover, solving ring = tree, is in
     docs/design.md §3.
     """
-    idx = np.sort(_devices(cluster, devices, "devices"))
-    if idx.size == 0:
-        raise InvalidInput("an AllReduce needs at least one device")
+    heads, chains = _machine_chains(cluster, devices)
     sizes, scalar = as_sizes(nbytes)
-    if idx.size < 2:
+    if sum(chain.size for chain in chains) < 2:
         return as_seconds(np.zeros_like(sizes), scalar)
-    machines = cluster.device_machine[idx]
-    heads = np.array([idx[machines == m][0] for m in np.unique(machines)], dtype=np.int64)
     bandwidth, chain_depth_s = np.inf, 0.0
-    for m in np.unique(machines):
-        chain = idx[machines == m]
+    for chain in chains:
         if chain.size > 1:
             chain_bandwidth, chain_latency = _chain_links(cluster, chain)
             bandwidth = min(bandwidth, chain_bandwidth)

@@ -56,7 +56,16 @@ from tagplan.planner.search.grouping import atoms_of
 from tagplan.planner.strategy import GroupDecision, Option, Strategy
 from tagplan.planner.topology import Cluster
 
-__all__ = ["OpGraph", "favourite_children", "m_etf", "m_sct", "m_topo", "sct_schedule"]
+__all__ = [
+    "OpGraph",
+    "ProfiledView",
+    "favourite_children",
+    "m_etf",
+    "m_sct",
+    "m_topo",
+    "placement_strategy",
+    "sct_schedule",
+]
 
 # Baechi's profiles give every op at least a microsecond; with less, a chain of ops
 # that do no work would hold a device free and draw every op after it by tie.
@@ -85,7 +94,10 @@ def _capacity(cluster: Cluster) -> np.ndarray:
     return np.maximum(cluster.device_memory_bytes - FRAMEWORK_RESERVE_BYTES, 0).astype(float)
 
 
-def _strategy(ir: GraphIR, cluster: Cluster, device_of_op: np.ndarray, name: str) -> Strategy:
+def placement_strategy(
+    ir: GraphIR, cluster: Cluster, device_of_op: np.ndarray, name: str
+) -> Strategy:
+    """A ``model-parallel`` strategy placing op ``i`` on device ``device_of_op[i]``."""
     placement = {ir.op_names[op]: str(cluster.device_names[d]) for op, d in enumerate(device_of_op)}
     decision = GroupDecision(
         device_groups=list(range(cluster.num_groups)),
@@ -114,7 +126,7 @@ def m_topo(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
             current += 1
         device_of_unit[unit] = current
         used[current] += memory[unit]
-    return _strategy(ir, cluster, device_of_unit[units], "m-topo")
+    return placement_strategy(ir, cluster, device_of_unit[units], "m-topo")
 
 
 # ------------------------------------------------------------- m-SCT's favourite children
@@ -684,53 +696,55 @@ def sct_schedule(
 
 
 @dataclass(frozen=True)
-class _ProfiledView:
-    """The allocation as Baechi's profiler and communication benchmark measure it (see the
-    module docstring): op times (devices x ops) and one link for every pair."""
+class ProfiledView:
+    """The allocation as Baechi's profiler and communication benchmark measure it (module
+    docstring): every op's time on the first GPU, one link (the first pair's) for every
+    pair of GPUs, and each GPU's memory for the placer."""
 
-    times: np.ndarray
-    latency_s: np.ndarray
-    bandwidth_bytes_per_s: np.ndarray
+    op_time_s: np.ndarray  # (num_ops,) on the first GPU
+    latency_s: float  # of the first pair (0 with one GPU)
+    bandwidth_bytes_per_s: float  # of the first pair (infinite with one GPU)
+    capacity_bytes: np.ndarray  # (num_devices,)
 
     @classmethod
-    def of(cls, ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> _ProfiledView:
-        first = _device_times(ir, cluster, costs)[0]
-        n = cluster.num_devices
-        pair = (0, 1) if n > 1 else (0, 0)
+    def of(cls, ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> ProfiledView:
+        first_type = int(cluster.device_type[0])
+        one_gpu = cluster.num_devices == 1
         return cls(
-            times=np.broadcast_to(first, (n, ir.num_ops)),
-            latency_s=np.full((n, n), cluster.latency_s[pair]),
-            bandwidth_bytes_per_s=np.full((n, n), cluster.bandwidth_bytes_per_s[pair]),
+            op_time_s=costs.op_times(first_type, ir.batch_size).seconds,
+            latency_s=0.0 if one_gpu else float(cluster.latency_s[0, 1]),
+            bandwidth_bytes_per_s=np.inf if one_gpu else float(cluster.bandwidth_bytes_per_s[0, 1]),
+            capacity_bytes=_capacity(cluster),
         )
+
+    def transfer_s(self, tensors: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds to send ``tensors`` tensors of ``nbytes`` in all between two GPUs."""
+        return tensors * self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
 def _schedule(
-    ir: GraphIR,
-    view: _ProfiledView,
-    cluster: Cluster,
-    graph: OpGraph,
-    favourite: np.ndarray | None,
+    ir: GraphIR, view: ProfiledView, graph: OpGraph, favourite: np.ndarray | None
 ) -> np.ndarray:
     units = atoms_of(ir)
     memory = op_memory(ir)
+    n = len(view.capacity_bytes)
     return sct_schedule(
-        np.maximum(view.times, MIN_OP_TIME_S),
+        np.broadcast_to(np.maximum(view.op_time_s, MIN_OP_TIME_S), (n, ir.num_ops)),
         graph,
-        latency_s=view.latency_s,
-        bandwidth_bytes_per_s=view.bandwidth_bytes_per_s,
+        latency_s=np.full((n, n), view.latency_s),
+        bandwidth_bytes_per_s=np.full((n, n), view.bandwidth_bytes_per_s),
         units=units,
         unit_bytes=np.bincount(units, weights=memory.persistent_bytes, minlength=units.max() + 1),
         output_bytes=memory.output_bytes,
-        capacity=_capacity(cluster),
+        capacity=view.capacity_bytes,
         favourite=favourite,
     )
 
 
 def m_etf(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
     """Baechi §2.3's m-ETF over ops, with units kept together."""
-    view = _ProfiledView.of(ir, cluster, costs)
-    device_of_op = _schedule(ir, view, cluster, OpGraph.from_ir(ir), None)
-    return _strategy(ir, cluster, device_of_op, "m-etf")
+    device_of_op = _schedule(ir, ProfiledView.of(ir, cluster, costs), OpGraph.from_ir(ir), None)
+    return placement_strategy(ir, cluster, device_of_op, "m-etf")
 
 
 def m_sct(
@@ -745,22 +759,15 @@ def m_sct(
     """
     graph = OpGraph.from_ir(ir)
     units = atoms_of(ir)
-    view = _ProfiledView.of(ir, cluster, costs)
-    if cluster.num_devices > 1:
-        delay = (
-            graph.tensor_counts() * view.latency_s[0, 1]
-            + graph.edge_bytes() / view.bandwidth_bytes_per_s[0, 1]
-        )
-    else:
-        delay = np.zeros(len(graph.src))
+    view = ProfiledView.of(ir, cluster, costs)
     favourite = favourite_children(
         ir.num_ops,
         graph.src,
         graph.dst,
-        view.times[0],
-        delay,
+        view.op_time_s,
+        view.transfer_s(graph.tensor_counts(), graph.edge_bytes()),
         eligible=units[graph.src] != units[graph.dst],
         time_limit_s=time_limit_s,
     )
-    device_of_op = _schedule(ir, view, cluster, graph, favourite)
-    return _strategy(ir, cluster, device_of_op, "m-sct")
+    device_of_op = _schedule(ir, view, graph, favourite)
+    return placement_strategy(ir, cluster, device_of_op, "m-sct")
