@@ -15,6 +15,7 @@ from tagplan.cli import (
     run,
     service,
     simulate,
+    train,
     zoo,
 )
 
@@ -35,6 +36,7 @@ app.command("plan")(plan.plan_command)
 app.command("run")(run.run_command)
 app.command("profile")(profile.profile_command)
 app.command("profile-comm")(profile.profile_comm_command)
+app.command("train")(train.train_command)
 app.add_typer(zoo.app, name="zoo")
 app.command("serve")(service.serve_command)
 app.command("worker")(service.worker_command)

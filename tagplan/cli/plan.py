@@ -16,9 +16,11 @@ from tagplan.cli.common import (
     LossOption,
     analyze_source,
     console,
+    error_console,
     print_json,
     user_errors,
 )
+from tagplan.gnn import resolve_prior
 from tagplan.planner.budget import Deadline
 from tagplan.planner.plan import PlanOptions, PlanProgress, plan
 from tagplan.planner.topology import load_cluster
@@ -52,6 +54,13 @@ def plan_command(
         bool, typer.Option("--sfb/--no-sfb", help="Decide sufficient-factor broadcast.")
     ] = True,
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
+    prior: Annotated[
+        str,
+        typer.Option(
+            help="The search's prior: 'gnn' (the shipped checkpoint), 'uniform', or a "
+            "checkpoint file made by `tagplan train`."
+        ),
+    ] = "gnn",
     out: Annotated[
         Path | None,
         typer.Option(
@@ -69,6 +78,9 @@ def plan_command(
             budget_s=budget_s, iterations=iterations, seed=seed, sfb=sfb, shards=shards
         )
         deadline = Deadline.after(budget_s)  # reading and analyzing the graph count too
+        search_prior, note = resolve_prior(prior)
+        if note:
+            error_console.print(f"note: {note}", highlight=False)
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         target = load_cluster(cluster)
         with Progress(
@@ -98,6 +110,7 @@ def plan_command(
                 options=options,
                 progress=show,
                 deadline=deadline,
+                prior=search_prior,
             )
     if out is not None:
         _write_outputs(out, result, source.label)

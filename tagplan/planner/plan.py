@@ -62,11 +62,7 @@ from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
-from tagplan.planner.search.grouping import (
-    cluster_mean_op_time_s,
-    group_ops,
-    grouping_of,
-)
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops, grouping_of
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
     SearchOutcome,
@@ -75,7 +71,7 @@ from tagplan.planner.search.mcts import (
     best_outcome,
     make_feasible,
 )
-from tagplan.planner.search.prior import Prior
+from tagplan.planner.search.prior import Prior, UniformPrior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.search.warm_start import start_actions
 from tagplan.planner.strategy import Strategy, load_strategy
@@ -418,6 +414,7 @@ class Planner:
             distributed=distributed,
             phases={k: v.to_dict() for k, v in self.phases.items()},
             stop_reason=_stop_reason(outcomes),
+            prior=(self.prior or UniformPrior()).name,
         )
 
     def _record_search(

@@ -59,4 +59,5 @@ def replay_plan(
         estimated=estimated_inputs(evaluation, evaluator.comm),
         phases={"compile": {"status": "done", "seconds": seconds, "note": "re-simulated"}},
         stop_reason="cache",
+        prior=str(cached.get("prior", "uniform")),
     )

@@ -41,7 +41,8 @@ class PlanResult:
     ``phases`` gives each phase's status (``done``, ``truncated``, ``skipped``), wall time
     and note (:class:`~tagplan.planner.budget.PhaseReport`); ``stop_reason`` why the
     search ended (``converged``, ``budget``, ``iterations``, ``target``, ``skipped``).
-    ``plan_time_s`` is the wall time from the start of planning to the result.
+    ``plan_time_s`` is the wall time from the start of planning to the result; ``prior``
+    names the search's prior (``uniform`` or the GNN checkpoint, ``gnn:<digest>``).
     """
 
     strategy: Strategy
@@ -58,6 +59,7 @@ class PlanResult:
     distributed: DistributedGraph | None = None
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     stop_reason: str = "budget"
+    prior: str = "uniform"
 
     @property
     def phase_seconds(self) -> dict[str, float]:
@@ -120,6 +122,7 @@ class PlanResult:
             "phase_seconds": self.phase_seconds,
             "phases": self.phases,
             "stop_reason": self.stop_reason,
+            "prior": self.prior,
             "iterations": self.iterations,
             "evaluations": self.evaluations,
             "first_better_iteration": self.first_better_iteration,

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from tagplan.cli import app
 from tagplan.cli.common import EXIT_BAD_INPUT
+from tagplan.gnn import shipped_prior_name
 from tagplan.planner.graph.protos import GraphDef
 from tagplan.planner.strategy import load_strategy
 
@@ -23,6 +24,7 @@ def test_plan_json_and_output_directory(tmp_path) -> None:
     for key in ("step_time_s", "baselines", "lower_bound_s", "speedup_vs_dp_nccl", "plan_time_s"):
         assert key in summary
     assert summary["iterations"] == 5
+    assert summary["prior"] == shipped_prior_name()  # the shipped GNN guides by default
     assert summary["speedup_vs_dp_nccl"] == summary["baselines"]["dp-nccl"] / summary["step_time_s"]
     assert load_strategy(json.dumps(summary["strategy"])) == load_strategy(
         (out / "strategy.json").read_text()
@@ -49,3 +51,16 @@ def test_plan_refuses_bad_input_with_exit_2() -> None:
     result = runner.invoke(app, ["plan", "zoo:mlp", "-c", "testbed", "--budget-s", "0"])
     assert result.exit_code == EXIT_BAD_INPUT
     assert "budget_s" in result.output
+
+
+def test_plan_takes_the_prior_by_name_or_file(tmp_path) -> None:
+    args = ["plan", "zoo:mlp", "-c", "testbed", "--iterations", "3", "--no-sfb", "--json"]
+    uniform = runner.invoke(app, [*args, "--prior", "uniform"])
+    assert uniform.exit_code == 0, uniform.output
+    assert json.loads(uniform.stdout)["prior"] == "uniform"
+    missing = runner.invoke(app, [*args, "--prior", str(tmp_path / "none.pt")])
+    assert missing.exit_code == EXIT_BAD_INPUT and "checkpoint file" in missing.output
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not torch")
+    refused = runner.invoke(app, [*args, "--prior", str(broken)])
+    assert refused.exit_code == EXIT_BAD_INPUT and "refused" in refused.output

@@ -62,9 +62,12 @@ class ActionSpace:
     ) -> None:
         self.cluster = cluster
         local = max(1, ir.batch_size // cluster.num_devices)
+        # each op's seconds on one GPU of each type at an even share of the batch
+        self.type_op_time_s: dict[int, np.ndarray] = {
+            t: costs.op_times(t, local).seconds for t in sorted(set(cluster.device_type.tolist()))
+        }
         type_speed = {
-            t: 1.0 / max(costs.op_times(t, local).total_s, 1e-12)
-            for t in set(cluster.device_type.tolist())
+            t: 1.0 / max(float(seconds.sum()), 1e-12) for t, seconds in self.type_op_time_s.items()
         }
         self.device_speed = np.array([type_speed[int(t)] for t in cluster.device_type])
         self.group_speed = np.array(

@@ -51,7 +51,7 @@ from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput, Pla
 from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
-from tagplan.planner.search.prior import Prior, PriorQuery, UniformPrior
+from tagplan.planner.search.prior import Prior, PriorQuery, SearchContext, UniformPrior
 from tagplan.planner.sim.simulate import SimResult
 from tagplan.planner.strategy import OpGroup, Option, Strategy, load_strategy
 
@@ -147,10 +147,12 @@ _NO_TASKS = np.zeros(0)
 class _Vertex:
     """Edge statistics of one expanded vertex: visits N, reward sums W, prior G."""
 
-    __slots__ = ("children", "prior", "reward_sum", "tie_break", "visits")
+    __slots__ = ("children", "prior", "query", "reward_sum", "tie_break", "visits")
 
-    def __init__(self, prior: np.ndarray, tie_break: np.ndarray) -> None:
-        self.prior = prior
+    def __init__(
+        self, prior: np.ndarray, tie_break: np.ndarray, query: PriorQuery | None = None
+    ) -> None:
+        self.prior, self.query = prior, query
         self.visits = np.zeros(len(prior), dtype=np.int64)
         self.reward_sum = np.zeros(len(prior))
         self.children: dict[int, _Vertex] = {}
@@ -190,6 +192,8 @@ class StrategySearch:
         self.seed, self.c_puct, self.name = seed, c_puct, name
         self.shuffle_ties = shuffle_ties
         self.order = np.argsort(-grouping.group_time_s, kind="stable").astype(np.int32)
+        self.context = SearchContext(grouping, space, reference_step_s)
+        self._root: _Vertex | None = None
         ir = evaluator.ir
         self._group_ops = [
             [ir.op_names[o] for o in grouping.ops(g)] for g in range(grouping.num_groups)
@@ -242,6 +246,7 @@ class StrategySearch:
 
     def _expand(self, decided: tuple[int, ...], feedback: SimResult | None) -> _Vertex:
         query = PriorQuery(
+            context=self.context,
             order=self.order,
             level=len(decided),
             decided=decided,
@@ -253,7 +258,22 @@ class StrategySearch:
             raise InvalidInput("a prior must give one probability per action, summing to 1")
         n = len(prior)
         ties = self._rng.random(n) if self.shuffle_ties else -np.arange(n) / n
-        return _Vertex(prior, ties * 1e-9)
+        return _Vertex(prior, ties * 1e-9, query)
+
+    def visit_targets(self, min_visits: int) -> list[tuple[PriorQuery, np.ndarray]]:
+        """The training targets of TAG §4.2.2 from the last :meth:`run`: at every vertex
+        whose edges were visited at least ``min_visits`` times in all, the query the prior
+        was asked there and the visit distribution ``π(a) = N(s, a) / Σ N(s, ·)``. Vertices
+        in depth-first order, children by action index, so a seed gives the same list."""
+        targets: list[tuple[PriorQuery, np.ndarray]] = []
+        stack = [] if self._root is None else [self._root]
+        while stack:
+            vertex = stack.pop()
+            total = int(vertex.visits.sum())
+            if total >= min_visits and vertex.query is not None:
+                targets.append((vertex.query, vertex.visits / total))
+            stack.extend(vertex.children[a] for a in sorted(vertex.children, reverse=True))
+        return targets
 
     # the search ---------------------------------------------------------------------------
 
@@ -293,7 +313,7 @@ class StrategySearch:
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
         levels = self.grouping.num_groups
-        root = self._expand((), None)
+        root = self._root = self._expand((), None)
         best_key: tuple[int, ...] | None = None
         first_better: int | None = None
         done = improved_at = 0

@@ -13,10 +13,22 @@ from typing import Protocol
 
 import numpy as np
 
-from tagplan.planner.search.actions import Action
+from tagplan.planner.search.actions import Action, ActionSpace
+from tagplan.planner.search.grouping import Grouping
 from tagplan.planner.sim.simulate import SimResult
 
-__all__ = ["Prior", "PriorQuery", "UniformPrior"]
+__all__ = ["Prior", "PriorQuery", "SearchContext", "UniformPrior"]
+
+
+@dataclass(frozen=True, eq=False)
+class SearchContext:
+    """What stays fixed over one search: the op groups, the candidate actions (with the
+    cluster and the GPUs' speeds on the model) and the reference step rewards are measured
+    against. A prior that derives features from it may cache them by identity."""
+
+    grouping: Grouping
+    space: ActionSpace
+    reference_step_s: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,9 +37,11 @@ class PriorQuery:
 
     ``decided[k]`` is the action index chosen for ``order[k]`` (k < ``level``); the
     next op group to decide is ``order[level]``. ``feedback`` is the simulation of the
-    partial strategy the vertex stands for (``None`` at the root).
+    partial strategy the vertex stands for (``None`` at the root); ``context`` is the
+    search's fixed part.
     """
 
+    context: SearchContext
     order: np.ndarray  # int32: op groups in descending compute time
     level: int
     decided: tuple[int, ...]
@@ -36,6 +50,8 @@ class PriorQuery:
 
 
 class Prior(Protocol):
+    name: str  # what a plan reports as its prior (``uniform``, ``gnn:<digest>``)
+
     def probabilities(self, query: PriorQuery) -> np.ndarray:
         """A probability per action of ``query.actions`` (non-negative, summing to 1)."""
         ...
@@ -43,6 +59,8 @@ class Prior(Protocol):
 
 class UniformPrior:
     """Every candidate equally likely: MCTS without learned guidance."""
+
+    name = "uniform"
 
     def probabilities(self, query: PriorQuery) -> np.ndarray:
         n = len(query.actions)

@@ -132,6 +132,8 @@ def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
     seen: list[PriorQuery] = []
 
     class Recording:
+        name = "recording"
+
         def probabilities(self, query: PriorQuery) -> np.ndarray:
             seen.append(query)
             return np.full(len(query.actions), 1.0 / len(query.actions))
@@ -143,6 +145,29 @@ def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
     # every iteration below the last level expands exactly one vertex
     assert len(seen) == 1 + outcome.iterations
     assert all(q.feedback is not None for q in seen[1:])
+
+
+def test_visit_targets_are_the_visit_distributions_of_well_visited_vertices() -> None:
+    search = make_search("mlp", load_cluster("testbed"), shuffle_ties=True, seed=3)
+    assert search.visit_targets(1) == []  # no search has run
+    outcome = search.run(iterations=60)
+    targets = search.visit_targets(5)
+    root_query, root_pi = targets[0]
+    # the root saw every iteration; each target is a distribution over the actions
+    assert root_query.level == 0 and root_query.decided == ()
+    assert np.allclose(root_pi * outcome.iterations, np.round(root_pi * outcome.iterations))
+    for query, pi in targets:
+        assert pi.shape == (len(search.space),)
+        assert pi.sum() == pytest.approx(1.0) and (pi >= 0).all()
+        assert query.level == len(query.decided)
+        assert query.context is search.context
+    # a higher threshold keeps a subset, the same search gives the same list
+    assert len(search.visit_targets(20)) <= len(targets)
+    again = make_search("mlp", load_cluster("testbed"), shuffle_ties=True, seed=3)
+    again.run(iterations=60)
+    assert [(q.decided, p.tolist()) for q, p in again.visit_targets(5)] == [
+        (q.decided, p.tolist()) for q, p in targets
+    ]
 
 
 def test_cancellation_and_progress() -> None:

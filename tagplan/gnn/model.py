@@ -1,0 +1,141 @@
+"""The prior network (TAG §4.2.1): graph attention over the search state's heterogeneous
+graph, and a decoder that scores each candidate action of the op group being decided.
+
+* Each node type is embedded by its own linear layer.
+* ``layers`` rounds of message passing, each a :class:`~torch_geometric.nn.HeteroConv`
+  with one multi-head GATv2 convolution per edge type (its own weights: TAG's per-edge-
+  type γ) that reads the edge's features; messages of the edge types arriving at a node
+  are summed, added to the node's state (a residual) and layer-normalized.
+* The decoder reads, for each action, its own features, the mean and the max of the
+  embeddings of the device groups it uses, the embedding of the op group being decided
+  and the mean op-group embedding of its graph, and gives one logit; a softmax over the
+  actions of each graph gives the prior.
+
+Graphs of several search states batch with PyG's ``Batch``: actions, op and device
+groups carry the index of their graph, so one forward pass scores many states.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch_geometric.data import HeteroData
+from torch_geometric.nn import GATv2Conv, HeteroConv
+from torch_geometric.utils import scatter, softmax
+
+from tagplan.gnn.features import (
+    ACT_FEATURES,
+    DEV_FEATURES,
+    EDGE_FEATURES,
+    OP_FEATURES,
+    StateGraph,
+)
+
+__all__ = ["DEFAULT_HYPER", "PriorNet", "to_hetero_data"]
+
+DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3}
+_MESSAGE_EDGES = [e for e in EDGE_FEATURES if e[2] != "act"]
+
+
+def to_hetero_data(graph: StateGraph, target: np.ndarray | None = None) -> HeteroData:
+    """A :class:`StateGraph` as PyG data; ``target`` (the visit distribution over the
+    actions) is stored as ``data["act"].y`` for training."""
+    data = HeteroData()
+    data["op"].x = torch.from_numpy(graph.op_x)
+    data["dev"].x = torch.from_numpy(graph.dev_x)
+    data["act"].x = torch.from_numpy(graph.act_x)
+    for edge_type, (index, attr) in graph.edges.items():
+        data[edge_type].edge_index = torch.from_numpy(index)
+        data[edge_type].edge_attr = torch.from_numpy(np.asarray(attr, dtype=np.float32))
+    if target is not None:
+        data["act"].y = torch.from_numpy(np.asarray(target, dtype=np.float32))
+    return data
+
+
+def _batch_of(data: HeteroData, node_type: str) -> torch.Tensor:
+    store = data[node_type]
+    batch = getattr(store, "batch", None)
+    if batch is None:
+        return torch.zeros(store.num_nodes, dtype=torch.long)
+    return batch
+
+
+class PriorNet(nn.Module):
+    """GAT encoder and action decoder (module docstring)."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4, layers: int = 3) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+        self.hyper = {"hidden": hidden, "heads": heads, "layers": layers}
+        self.embed = nn.ModuleDict(
+            {
+                "op": nn.Linear(len(OP_FEATURES), hidden),
+                "dev": nn.Linear(len(DEV_FEATURES), hidden),
+            }
+        )
+        self.convs = nn.ModuleList(
+            HeteroConv(
+                {
+                    edge_type: GATv2Conv(
+                        hidden,
+                        hidden // heads,
+                        heads=heads,
+                        edge_dim=len(EDGE_FEATURES[edge_type]),
+                        add_self_loops=False,
+                    )
+                    for edge_type in _MESSAGE_EDGES
+                },
+                aggr="sum",
+            )
+            for _ in range(layers)
+        )
+        self.norms = nn.ModuleList(
+            nn.ModuleDict({t: nn.LayerNorm(hidden) for t in ("op", "dev")}) for _ in range(layers)
+        )
+        self.act_embed = nn.Linear(len(ACT_FEATURES), hidden)
+        self.decoder = nn.Sequential(nn.Linear(5 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def logits(self, data: HeteroData) -> torch.Tensor:
+        """One logit per action node of ``data`` (a graph or a batch of graphs)."""
+        h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
+        edge_index = {e: data[e].edge_index for e in _MESSAGE_EDGES}
+        edge_attr = {e: data[e].edge_attr for e in _MESSAGE_EDGES}
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            out = conv(h, edge_index, edge_attr_dict=edge_attr)
+            h = {t: norm[t](h[t] + torch.relu(out[t])) for t in h}
+        op_batch, act_batch = _batch_of(data, "op"), _batch_of(data, "act")
+        graphs = int(act_batch.max()) + 1 if act_batch.numel() else 1
+        current = data["op"].x[:, OP_FEATURES.index("current")].unsqueeze(1)
+        current_op = scatter(h["op"] * current, op_batch, dim=0, dim_size=graphs, reduce="sum")
+        mean_op = scatter(h["op"], op_batch, dim=0, dim_size=graphs, reduce="mean")
+        member, action = data["dev", "in", "act"].edge_index
+        actions = data["act"].num_nodes
+        used_mean = scatter(h["dev"][member], action, dim=0, dim_size=actions, reduce="mean")
+        used_max = scatter(h["dev"][member], action, dim=0, dim_size=actions, reduce="max")
+        features = torch.cat(
+            [
+                torch.relu(self.act_embed(data["act"].x)),
+                used_mean,
+                used_max,
+                current_op[act_batch],
+                mean_op[act_batch],
+            ],
+            dim=1,
+        )
+        return self.decoder(features).squeeze(1)
+
+    def forward(self, data: HeteroData) -> torch.Tensor:
+        """The prior: a softmax over the actions of each graph."""
+        return softmax(self.logits(data), _batch_of(data, "act"))
+
+    def log_probabilities(self, data: HeteroData) -> torch.Tensor:
+        """``log`` of :meth:`forward`, computed stably (training's cross-entropy)."""
+        logits = self.logits(data)
+        batch = _batch_of(data, "act")
+        graphs = int(batch.max()) + 1 if batch.numel() else 1
+        top = scatter(logits.detach(), batch, dim=0, dim_size=graphs, reduce="max")[batch]
+        shifted = logits - top
+        norm = scatter(shifted.exp(), batch, dim=0, dim_size=graphs, reduce="sum")
+        return shifted - norm.log()[batch]

@@ -1,0 +1,56 @@
+"""The GNN as the search's :class:`~tagplan.planner.search.prior.Prior` (TAG §4.2.2's
+G(s, a)).
+
+The fixed part of the graph is built once per search (the context is kept by identity);
+each expansion adds the vertex's decisions and feedback and runs one forward pass with
+autograd off. ``uniform_mix`` blends in the uniform prior, so an action the network
+rates near zero is still tried once the better-rated ones have been visited enough
+(PUCT's exploration term is proportional to the prior).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from tagplan.gnn.features import StaticGraph, state_graph, static_graph
+from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.planner.search.prior import PriorQuery, SearchContext
+
+__all__ = ["DEFAULT_UNIFORM_MIX", "GnnPrior"]
+
+DEFAULT_UNIFORM_MIX = 0.1
+
+
+class GnnPrior:
+    """The network of a checkpoint as a search prior; ``name`` says which checkpoint
+    (what a plan reports as its prior)."""
+
+    def __init__(
+        self, model: PriorNet, *, name: str, uniform_mix: float = DEFAULT_UNIFORM_MIX
+    ) -> None:
+        if not 0.0 <= uniform_mix <= 1.0:
+            raise ValueError(f"uniform_mix must be in [0, 1], got {uniform_mix}")
+        self.model, self.name, self.uniform_mix = model.eval(), name, uniform_mix
+        self._context: SearchContext | None = None
+        self._static: StaticGraph | None = None
+        self.calls = 0
+        self.seconds = 0.0  # spent in probabilities(): the prior's share of a search
+
+    def _static_of(self, context: SearchContext) -> StaticGraph:
+        if self._context is not context or self._static is None:
+            self._static, self._context = static_graph(context), context
+        return self._static
+
+    def probabilities(self, query: PriorQuery) -> np.ndarray:
+        started = time.perf_counter()
+        data = to_hetero_data(state_graph(self._static_of(query.context), query))
+        with torch.inference_mode():
+            learned = self.model(data).double().numpy()
+        n = len(learned)
+        p = (1.0 - self.uniform_mix) * learned / learned.sum() + self.uniform_mix / n
+        self.calls += 1
+        self.seconds += time.perf_counter() - started
+        return p / p.sum()

@@ -1,0 +1,330 @@
+"""Training the prior AlphaZero-style (TAG §4.2.2; GDP §3.3's pre-training over a batch
+of graphs): rounds of *generate* (search every training case with the current prior and
+keep the visit distributions, :mod:`~.dataset`) and *fit* (cross-entropy between the
+network's prior and those distributions, over the candidate actions).
+
+The cases are the zoo's training graphs on TAG §5.2's random clusters (and larger ones
+with up to 8 machines), with ``testbed`` and ``cloud``, all from seeds in
+:data:`TRAIN_SEEDS`; evaluation uses other seeds (:data:`EVAL_SEEDS`), so a benchmark
+never plans on a cluster the network was trained on. A case's cluster is fixed by its
+seed; every tenth case, counting from the last, is held out to validate the fit.
+
+Everything is deterministic for a seed: the cases, each case's search (an iteration
+budget), the split, the initial weights and the order of the batches. A run lives in one
+directory — ``round-K/data/*.npz`` (one file per case), ``round-K/train_state.pt``
+(weights, optimizer and epoch, written after every epoch), ``round-K/prior.pt`` and
+``run.json`` (options, cases, per-round metrics) — and a rerun with the same options
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch_geometric.data import Batch
+
+from tagplan.gnn.checkpoint import load_checkpoint, save_checkpoint
+from tagplan.gnn.dataset import Case, Example, case_file, generate_case, load_case, save_case
+from tagplan.gnn.model import DEFAULT_HYPER, PriorNet, to_hetero_data
+from tagplan.gnn.prior import GnnPrior
+from tagplan.planner.errors import InvalidInput
+
+__all__ = [
+    "EVAL_SEEDS",
+    "TRAIN_MODELS",
+    "TRAIN_SEEDS",
+    "TrainOptions",
+    "cases_for",
+    "evaluate_fit",
+    "train",
+]
+
+TRAIN_MODELS = (
+    "vgg19",
+    "inception_v3",
+    "resnet101",
+    "transformer",
+    "bert_small",
+    "wide_deep",
+    "gnmt_small",
+    "small_cnn",
+    "mlp",
+    "tiny_lstm",
+)
+"""Zoo graphs the shipped checkpoint trains on (bert_large, the largest, is left for the
+unseen-model benchmark, as is any graph a user brings)."""
+TRAIN_SEEDS = range(10_000, 20_000)
+EVAL_SEEDS = range(50_000, 60_000)
+_HELD_OUT_EVERY = 10
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a run generates data and fits (the defaults made the shipped checkpoint)."""
+
+    models: tuple[str, ...] = TRAIN_MODELS
+    clusters_per_model: int = 8
+    seed: int = 0
+    rounds: int = 1
+    iterations: int = 150
+    min_visits: int = 6
+    epochs: int = 40
+    batch_size: int = 32
+    learning_rate: float = 2e-3
+    weight_decay: float = 1e-5
+    workers: int = 2
+    hyper: dict = field(default_factory=lambda: dict(DEFAULT_HYPER))
+
+
+def _cluster_for(seed: int, index: int) -> str:
+    """The cluster of a training case: TAG's generator, a larger allocation with 4-8
+    machines every third case, and the named testbed and cloud for the first two."""
+    if index == 0:
+        return "testbed"
+    if index == 1:
+        return "cloud"
+    if index % 3 == 0:
+        return f"random:{seed}:{4 + seed % 5}"
+    return f"random:{seed}"
+
+
+def cases_for(options: TrainOptions) -> list[Case]:
+    """The training cases of a run: for every model, ``clusters_per_model`` clusters with
+    seeds drawn from :data:`TRAIN_SEEDS` by ``options.seed``."""
+    rng = random.Random(options.seed)
+    cases = []
+    for model in options.models:
+        for index in range(options.clusters_per_model):
+            seed = rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
+            graph = model if ":" in model or "/" in model else f"zoo:{model}"
+            cases.append(Case(graph, _cluster_for(seed, index), seed))
+    return cases
+
+
+def _generate_one(
+    case: Case, checkpoint: str | None, iterations: int, min_visits: int, out: str
+) -> dict:
+    """Worker process: one case with the prior of ``checkpoint`` (None: uniform)."""
+    torch.set_num_threads(1)
+    prior = None
+    if checkpoint is not None:
+        model, meta = load_checkpoint(checkpoint)
+        prior = GnnPrior(model, name=meta["state_sha256"][:12])
+    examples, summary = generate_case(case, prior, iterations=iterations, min_visits=min_visits)
+    save_case(Path(out), examples, summary)
+    return summary
+
+
+def _generate(
+    cases: Sequence[Case],
+    data_dir: Path,
+    checkpoint: Path | None,
+    options: TrainOptions,
+    progress: Callable[[str, int, int], None],
+) -> None:
+    todo = [c for c in cases if not case_file(data_dir, c).exists()]
+    done = len(cases) - len(todo)
+    progress("generate", done, len(cases))
+    args = [
+        (
+            c,
+            None if checkpoint is None else str(checkpoint),
+            options.iterations,
+            options.min_visits,
+            str(case_file(data_dir, c)),
+        )
+        for c in todo
+    ]
+    if options.workers <= 1:
+        for a in args:
+            _generate_one(*a)
+            done += 1
+            progress("generate", done, len(cases))
+        return
+    with ProcessPoolExecutor(options.workers) as pool:
+        for _ in pool.map(_generate_one, *zip(*args, strict=True)) if args else ():
+            done += 1
+            progress("generate", done, len(cases))
+
+
+def _batches(examples: Sequence[Example], size: int, rng: np.random.Generator | None):
+    order = np.arange(len(examples)) if rng is None else rng.permutation(len(examples))
+    for start in range(0, len(order), size):
+        chunk = [examples[i] for i in order[start : start + size]]
+        yield Batch.from_data_list([to_hetero_data(e.graph, e.target) for e in chunk])
+
+
+def evaluate_fit(model: PriorNet, examples: Sequence[Example]) -> dict[str, float]:
+    """Cross-entropy against the visit distributions (and the uniform prior's, for
+    scale), how often the network's favourite is the search's most visited action, and
+    the mean prior it puts on that action."""
+    if not examples:
+        return {}
+    model.eval()
+    loss = uniform = top1 = mass = 0.0
+    with torch.inference_mode():
+        for batch in _batches(examples, 64, None):
+            log_p = model.log_probabilities(batch)
+            y, act_batch = batch["act"].y, batch["act"].batch
+            graphs = int(act_batch.max()) + 1
+            per_graph = torch.zeros(graphs).index_add_(0, act_batch, -(y * log_p))
+            loss += float(per_graph.sum())
+            counts = torch.bincount(act_batch, minlength=graphs).double()
+            uniform += float(counts.log().sum())
+            for g in range(graphs):
+                mine = act_batch == g
+                best = int(torch.argmax(y[mine]))
+                top1 += float(int(torch.argmax(log_p[mine])) == best)
+                mass += float(log_p[mine][best].exp())
+    n = len(examples)
+    return {
+        "cross_entropy": loss / n,
+        "uniform_cross_entropy": uniform / n,
+        "top1_agreement": top1 / n,
+        "prior_on_most_visited": mass / n,
+        "examples": n,
+    }
+
+
+def _fit(
+    train_set: Sequence[Example],
+    val_set: Sequence[Example],
+    round_dir: Path,
+    options: TrainOptions,
+    progress: Callable[[str, int, int], None],
+) -> tuple[PriorNet, list[dict]]:
+    torch.manual_seed(options.seed)
+    model = PriorNet(**options.hyper)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay
+    )
+    history: list[dict] = []
+    state_path = round_dir / "train_state.pt"
+    start_epoch = 0
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = int(state["epoch"])
+        history = json.loads(state["history"])
+    progress("fit", start_epoch, options.epochs)
+    for epoch in range(start_epoch, options.epochs):
+        model.train()
+        rng = np.random.default_rng(options.seed * 1_000 + epoch)
+        total = 0.0
+        for batch in _batches(train_set, options.batch_size, rng):
+            optimizer.zero_grad()
+            log_p = model.log_probabilities(batch)
+            loss = -(batch["act"].y * log_p).sum() / batch.num_graphs
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            total += float(loss.detach()) * batch.num_graphs
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_cross_entropy": total / max(len(train_set), 1),
+                **{f"val_{k}": v for k, v in evaluate_fit(model, val_set).items()},
+            }
+        )
+        partial = state_path.with_suffix(".partial")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch + 1,
+                "history": json.dumps(history),
+            },
+            partial,
+        )
+        partial.replace(state_path)
+        progress("fit", epoch + 1, options.epochs)
+    model.eval()
+    return model, history
+
+
+def train(
+    out_dir: str | Path,
+    options: TrainOptions | None = None,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Path:
+    """Run (or resume) a training run in ``out_dir``; returns the final checkpoint's path."""
+    options = options or TrainOptions()
+    if options.rounds < 1 or options.epochs < 1 or options.clusters_per_model < 1:
+        raise InvalidInput("rounds, epochs and clusters per model must be at least 1")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "run.json"
+    record = {"options": asdict(options), "rounds": []}
+    if record_path.exists():
+        previous = json.loads(record_path.read_text())
+        if previous["options"] != record["options"]:
+            raise InvalidInput(
+                f"{out} holds a run with other options; resume with the same ones or use "
+                "another directory"
+            )
+        record = previous
+    report = progress or (lambda *_: None)
+    cases = cases_for(options)
+    held_out = {cases[i] for i in range(len(cases) - 1, 0, -_HELD_OUT_EVERY)}
+    checkpoint: Path | None = None
+    for round_index in range(options.rounds):
+        round_dir = out / f"round-{round_index}"
+        started = time.perf_counter()
+        _generate(cases, round_dir / "data", checkpoint, options, report)
+        generated_s = time.perf_counter() - started
+        train_set: list[Example] = []
+        val_set: list[Example] = []
+        summaries = []
+        for case in cases:
+            examples, summary = load_case(case_file(round_dir / "data", case))
+            (val_set if case in held_out else train_set).extend(examples)
+            summaries.append(summary)
+        started = time.perf_counter()
+        model, history = _fit(train_set, val_set, round_dir, options, report)
+        fitted_s = time.perf_counter() - started
+        final = history[-1] if history else {}
+        round_record = {
+            "round": round_index,
+            "prior": "uniform" if checkpoint is None else str(checkpoint.relative_to(out)),
+            "cases": summaries,
+            "train_examples": len(train_set),
+            "validation_examples": len(val_set),
+            "held_out_cases": sorted(c.slug for c in held_out),
+            "history": history,
+            "metrics": {k: v for k, v in final.items() if k.startswith("val_")},
+            "generate_s": round(generated_s, 1),
+            "fit_s": round(fitted_s, 1),
+        }
+        checkpoint = round_dir / "prior.pt"
+        save_checkpoint(
+            checkpoint,
+            model,
+            {
+                "training": {
+                    "options": asdict(options),
+                    "round": round_index,
+                    "cases": len(cases),
+                    "train_examples": len(train_set),
+                    "validation_examples": len(val_set),
+                },
+                "metrics": {
+                    k: (v if isinstance(v, int) or math.isfinite(v) else None)
+                    for k, v in round_record["metrics"].items()
+                },
+            },
+        )
+        record["rounds"] = [r for r in record["rounds"] if r["round"] != round_index]
+        record["rounds"].append(round_record)
+        record_path.write_text(json.dumps(record, indent=1))
+    return out / f"round-{options.rounds - 1}" / "prior.pt"

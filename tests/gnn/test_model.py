@@ -1,0 +1,66 @@
+"""The network: a distribution over exactly the candidate actions, the same whether a
+state is scored alone or in a batch, and a stable log-softmax for training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from tagplan.gnn.features import state_graph, static_graph
+from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.gnn.prior import GnnPrior
+from tagplan.planner.search.prior import PriorQuery
+
+
+@pytest.fixture(scope="module")
+def net() -> PriorNet:
+    torch.manual_seed(7)
+    return PriorNet(hidden=32, heads=4, layers=2).eval()
+
+
+def _queries(search) -> list[PriorQuery]:
+    return [q for q, _ in search.visit_targets(1)]
+
+
+def test_one_probability_per_candidate_action(searched, net) -> None:
+    static = static_graph(searched.context)
+    for query in _queries(searched)[:5]:
+        p = net(to_hetero_data(state_graph(static, query))).detach().numpy()
+        assert p.shape == (len(searched.space.actions),)
+        assert (p > 0).all() and p.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_batch_scores_each_state_as_alone(searched, net) -> None:
+    static = static_graph(searched.context)
+    graphs = [to_hetero_data(state_graph(static, q)) for q in _queries(searched)[:4]]
+    alone = [net(g).detach() for g in graphs]
+    batch = Batch.from_data_list(graphs)
+    together = net(batch).detach()
+    act_batch = batch["act"].batch
+    for i, p in enumerate(alone):
+        assert torch.allclose(together[act_batch == i], p, atol=1e-5)
+    log_p = net.log_probabilities(batch).detach()
+    assert torch.allclose(log_p.exp(), together, atol=1e-5)
+
+
+def test_the_decisions_change_the_prior(searched, net) -> None:
+    """The state matters: two vertices of one search get different priors."""
+    static = static_graph(searched.context)
+    queries = sorted(_queries(searched), key=lambda q: q.level)
+    first = net(to_hetero_data(state_graph(static, queries[0]))).detach()
+    last = net(to_hetero_data(state_graph(static, queries[-1]))).detach()
+    assert not torch.allclose(first, last)
+
+
+def test_the_gnn_prior_in_the_search_mixes_in_uniform_and_is_deterministic(searched, net) -> None:
+    prior = GnnPrior(net, name="test", uniform_mix=0.25)
+    query = _queries(searched)[-1]
+    p = prior.probabilities(query)
+    n = len(query.actions)
+    assert p.sum() == pytest.approx(1.0) and p.min() >= 0.25 / n - 1e-12
+    assert np.array_equal(p, prior.probabilities(query))
+    assert prior.calls == 2 and prior.seconds > 0
+    with pytest.raises(ValueError):
+        GnnPrior(net, name="bad", uniform_mix=1.5)
