@@ -31,11 +31,16 @@ def train_command(
     ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the cases, the split and the weights.")] = 0,
     workers: Annotated[int, typer.Option(help="Processes generating data.")] = 2,
+    ablation: Annotated[
+        str,
+        typer.Option(help="Train without a part of the graph: none, no-feedback, no-device-graph."),
+    ] = "none",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate search data over zoo models x random clusters and fit the prior; rerun
     the same command to resume. Writes ROUND/prior.pt (+ .json) and run.json in OUT."""
     with user_errors():
+        from tagplan.gnn.model import DEFAULT_HYPER
         from tagplan.gnn.train import TRAIN_MODELS, TrainOptions, train
 
         chosen = tuple(m for m in (models.split(",") if models else TRAIN_MODELS) if m)
@@ -48,6 +53,7 @@ def train_command(
             iterations=iterations,
             epochs=epochs,
             workers=workers,
+            hyper={**DEFAULT_HYPER, "ablation": ablation},
         )
         with Progress(
             TextColumn("{task.description}"),

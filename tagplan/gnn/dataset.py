@@ -77,8 +77,13 @@ def _ir(graph: str) -> GraphIR:
     return found
 
 
-def search_for(case: Case, prior: Prior | None) -> StrategySearch:
-    """The search a plan would run for ``case`` (module docstring), with ``prior``."""
+def search_for(
+    case: Case, prior: Prior | None, *, scores: dict | None = None, shuffle_ties: bool = True
+) -> StrategySearch:
+    """The search a plan would run for ``case`` (module docstring), with ``prior``;
+    ``scores`` shares simulations with other searches of the same case. Training breaks
+    ties at random (TAG's pure MCTS), so the targets do not learn the candidate order;
+    a plan's first tree breaks them in that order (``shuffle_ties=False``)."""
     ir, cluster = _ir(case.graph), load_cluster(case.cluster)
     evaluator = Evaluator(ir, cluster)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, evaluator.costs), seed=case.seed)
@@ -91,7 +96,8 @@ def search_for(case: Case, prior: Prior | None) -> StrategySearch:
         reference_step_s=reference.step_time_s,
         prior=prior,
         seed=case.seed,
-        shuffle_ties=True,
+        shuffle_ties=shuffle_ties,
+        scores=scores,
     )
 
 

@@ -40,6 +40,7 @@ from tagplan.planner.search.prior import PriorQuery, SearchContext
 from tagplan.planner.strategy import Option
 
 __all__ = [
+    "ABLATIONS",
     "ACT_FEATURES",
     "DEV_FEATURES",
     "EDGE_FEATURES",
@@ -47,6 +48,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "StateGraph",
     "StaticGraph",
+    "ablate",
     "state_graph",
     "static_graph",
 ]
@@ -107,6 +109,15 @@ EDGE_FEATURES = {
         *(f"option_{o.value}" for o in OPTIONS),
     ),
     ("dev", "in", "act"): (),
+}
+ABLATIONS = ("none", "no-feedback", "no-device-graph")
+"""Parts of the graph a network can be trained without, to measure what they are worth
+(TAG Fig. 7): the simulator's runtime feedback; the device graph (device features and
+every edge to or between device groups: the network then sees op groups and the actions'
+own features only)."""
+_FEEDBACK = {
+    "op": ("has_feedback", "makespan_vs_step", "idle_before_transfer_vs_step"),
+    "dev": ("has_feedback", "peak_memory_vs_capacity", "idle_fraction", "over_capacity"),
 }
 _TINY = 1e-12
 _LOG_RANGE = 9.2  # ratios are read between 1e-4 and 1e4: beyond that only the sign matters
@@ -318,3 +329,24 @@ def state_graph(static: StaticGraph, query: PriorQuery) -> StateGraph:
         ("dev", "in", "act"): (static.act_members, np.zeros((static.act_members.shape[1], 0))),
     }
     return StateGraph(op_x=op_x, dev_x=dev_x, act_x=static.act_x, edges=edges)
+
+
+def ablate(graph: StateGraph, ablation: str) -> StateGraph:
+    """``graph`` without the part :data:`ABLATIONS` names (``none``: unchanged)."""
+    if ablation == "none":
+        return graph
+    if ablation == "no-feedback":
+        op_x, dev_x = graph.op_x.copy(), graph.dev_x.copy()
+        op_x[:, [OP_FEATURES.index(f) for f in _FEEDBACK["op"]]] = 0.0
+        dev_x[:, [DEV_FEATURES.index(f) for f in _FEEDBACK["dev"]]] = 0.0
+        return StateGraph(op_x=op_x, dev_x=dev_x, act_x=graph.act_x, edges=graph.edges)
+    if ablation == "no-device-graph":
+        edges = {
+            edge_type: (index[:, :0], attr[:0])
+            if "dev" in (edge_type[0], edge_type[2])
+            else (index, attr)
+            for edge_type, (index, attr) in graph.edges.items()
+        }
+        dev_x = np.zeros_like(graph.dev_x)
+        return StateGraph(op_x=graph.op_x, dev_x=dev_x, act_x=graph.act_x, edges=edges)
+    raise ValueError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")

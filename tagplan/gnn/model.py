@@ -25,6 +25,7 @@ from torch_geometric.nn import GATv2Conv, HeteroConv
 from torch_geometric.utils import scatter, softmax
 
 from tagplan.gnn.features import (
+    ABLATIONS,
     ACT_FEATURES,
     DEV_FEATURES,
     EDGE_FEATURES,
@@ -34,7 +35,7 @@ from tagplan.gnn.features import (
 
 __all__ = ["DEFAULT_HYPER", "PriorNet", "to_hetero_data"]
 
-DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3}
+DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3, "ablation": "none"}
 _MESSAGE_EDGES = [e for e in EDGE_FEATURES if e[2] != "act"]
 
 
@@ -62,13 +63,19 @@ def _batch_of(data: HeteroData, node_type: str) -> torch.Tensor:
 
 
 class PriorNet(nn.Module):
-    """GAT encoder and action decoder (module docstring)."""
+    """GAT encoder and action decoder (module docstring). ``ablation`` names the part of
+    the graph the network is trained and run without (:data:`~.features.ABLATIONS`);
+    whoever builds its input applies it (:func:`~.features.ablate`)."""
 
-    def __init__(self, hidden: int = 64, heads: int = 4, layers: int = 3) -> None:
+    def __init__(
+        self, hidden: int = 64, heads: int = 4, layers: int = 3, ablation: str = "none"
+    ) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
-        self.hyper = {"hidden": hidden, "heads": heads, "layers": layers}
+        if ablation not in ABLATIONS:
+            raise ValueError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
+        self.hyper = {"hidden": hidden, "heads": heads, "layers": layers, "ablation": ablation}
         self.embed = nn.ModuleDict(
             {
                 "op": nn.Linear(len(OP_FEATURES), hidden),

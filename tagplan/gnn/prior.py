@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from tagplan.gnn.features import StaticGraph, state_graph, static_graph
+from tagplan.gnn.features import StaticGraph, ablate, state_graph, static_graph
 from tagplan.gnn.model import PriorNet, to_hetero_data
 from tagplan.planner.search.prior import PriorQuery, SearchContext
 
@@ -46,7 +46,8 @@ class GnnPrior:
 
     def probabilities(self, query: PriorQuery) -> np.ndarray:
         started = time.perf_counter()
-        data = to_hetero_data(state_graph(self._static_of(query.context), query))
+        graph = state_graph(self._static_of(query.context), query)
+        data = to_hetero_data(ablate(graph, self.model.hyper["ablation"]))
         with torch.inference_mode():
             learned = self.model(data).double().numpy()
         n = len(learned)

@@ -34,6 +34,7 @@ from torch_geometric.data import Batch
 
 from tagplan.gnn.checkpoint import load_checkpoint, save_checkpoint
 from tagplan.gnn.dataset import Case, Example, case_file, generate_case, load_case, save_case
+from tagplan.gnn.features import ablate
 from tagplan.gnn.model import DEFAULT_HYPER, PriorNet, to_hetero_data
 from tagplan.gnn.prior import GnnPrior
 from tagplan.planner.errors import InvalidInput
@@ -45,6 +46,9 @@ __all__ = [
     "TrainOptions",
     "cases_for",
     "evaluate_fit",
+    "fit",
+    "held_out_cases",
+    "load_examples",
     "train",
 ]
 
@@ -195,28 +199,35 @@ def evaluate_fit(model: PriorNet, examples: Sequence[Example]) -> dict[str, floa
     }
 
 
-def _fit(
+def fit(
     train_set: Sequence[Example],
     val_set: Sequence[Example],
-    round_dir: Path,
     options: TrainOptions,
-    progress: Callable[[str, int, int], None],
+    *,
+    state_path: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[PriorNet, list[dict]]:
+    """Fit a network of ``options.hyper`` to the examples' targets (without the part
+    ``options.hyper["ablation"]`` names); with ``state_path``, resume from and save to it
+    after every epoch. Returns the network and the per-epoch metrics."""
+    report = progress or (lambda *_: None)
+    ablation = options.hyper.get("ablation", "none")
+    train_set = [Example(ablate(e.graph, ablation), e.target) for e in train_set]
+    val_set = [Example(ablate(e.graph, ablation), e.target) for e in val_set]
     torch.manual_seed(options.seed)
     model = PriorNet(**options.hyper)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay
     )
     history: list[dict] = []
-    state_path = round_dir / "train_state.pt"
     start_epoch = 0
-    if state_path.exists():
+    if state_path is not None and state_path.exists():
         state = torch.load(state_path, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = int(state["epoch"])
         history = json.loads(state["history"])
-    progress("fit", start_epoch, options.epochs)
+    report("fit", start_epoch, options.epochs)
     for epoch in range(start_epoch, options.epochs):
         model.train()
         rng = np.random.default_rng(options.seed * 1_000 + epoch)
@@ -236,20 +247,40 @@ def _fit(
                 **{f"val_{k}": v for k, v in evaluate_fit(model, val_set).items()},
             }
         )
-        partial = state_path.with_suffix(".partial")
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch + 1,
-                "history": json.dumps(history),
-            },
-            partial,
-        )
-        partial.replace(state_path)
-        progress("fit", epoch + 1, options.epochs)
+        if state_path is not None:
+            partial = state_path.with_suffix(".partial")
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + 1,
+                    "history": json.dumps(history),
+                },
+                partial,
+            )
+            partial.replace(state_path)
+        report("fit", epoch + 1, options.epochs)
     model.eval()
     return model, history
+
+
+def held_out_cases(cases: Sequence[Case]) -> set[Case]:
+    """The cases that validate the fit: every tenth, counting from the last."""
+    return {cases[i] for i in range(len(cases) - 1, 0, -_HELD_OUT_EVERY)}
+
+
+def load_examples(
+    data_dir: Path, cases: Sequence[Case], held_out: set[Case]
+) -> tuple[list[Example], list[Example], list[dict]]:
+    """The examples of ``cases`` split into training and validation, and their summaries."""
+    train_set: list[Example] = []
+    val_set: list[Example] = []
+    summaries = []
+    for case in cases:
+        examples, summary = load_case(case_file(data_dir, case))
+        (val_set if case in held_out else train_set).extend(examples)
+        summaries.append(summary)
+    return train_set, val_set, summaries
 
 
 def train(
@@ -276,22 +307,18 @@ def train(
         record = previous
     report = progress or (lambda *_: None)
     cases = cases_for(options)
-    held_out = {cases[i] for i in range(len(cases) - 1, 0, -_HELD_OUT_EVERY)}
+    held_out = held_out_cases(cases)
     checkpoint: Path | None = None
     for round_index in range(options.rounds):
         round_dir = out / f"round-{round_index}"
         started = time.perf_counter()
         _generate(cases, round_dir / "data", checkpoint, options, report)
         generated_s = time.perf_counter() - started
-        train_set: list[Example] = []
-        val_set: list[Example] = []
-        summaries = []
-        for case in cases:
-            examples, summary = load_case(case_file(round_dir / "data", case))
-            (val_set if case in held_out else train_set).extend(examples)
-            summaries.append(summary)
+        train_set, val_set, summaries = load_examples(round_dir / "data", cases, held_out)
         started = time.perf_counter()
-        model, history = _fit(train_set, val_set, round_dir, options, report)
+        model, history = fit(
+            train_set, val_set, options, state_path=round_dir / "train_state.pt", progress=report
+        )
         fitted_s = time.perf_counter() - started
         final = history[-1] if history else {}
         round_record = {

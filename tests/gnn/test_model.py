@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from tagplan.gnn.features import state_graph, static_graph
+from tagplan.gnn.features import (
+    DEV_FEATURES,
+    OP_FEATURES,
+    ablate,
+    state_graph,
+    static_graph,
+)
 from tagplan.gnn.model import PriorNet, to_hetero_data
 from tagplan.gnn.prior import GnnPrior
 from tagplan.planner.search.prior import PriorQuery
@@ -64,3 +70,24 @@ def test_the_gnn_prior_in_the_search_mixes_in_uniform_and_is_deterministic(searc
     assert prior.calls == 2 and prior.seconds > 0
     with pytest.raises(ValueError):
         GnnPrior(net, name="bad", uniform_mix=1.5)
+
+
+def test_ablations_remove_what_they_name(searched) -> None:
+    query = max((q for q, _ in searched.visit_targets(1)), key=lambda q: q.level)
+    graph = state_graph(static_graph(searched.context), query)
+    assert ablate(graph, "none") is graph
+    blind = ablate(graph, "no-feedback")
+    assert graph.op_x[:, OP_FEATURES.index("makespan_vs_step")].any()
+    assert not blind.op_x[:, OP_FEATURES.index("makespan_vs_step")].any()
+    assert not blind.dev_x[:, DEV_FEATURES.index("peak_memory_vs_capacity")].any()
+    assert np.array_equal(blind.op_x[:, 0], graph.op_x[:, 0])  # the rest is kept
+    alone = ablate(graph, "no-device-graph")
+    assert not alone.dev_x.any()
+    for (src, _, dst), (index, _) in alone.edges.items():
+        assert (index.shape[1] == 0) == ("dev" in (src, dst))
+    torch.manual_seed(0)
+    net = PriorNet(hidden=16, heads=2, layers=1, ablation="no-device-graph").eval()
+    p = net(to_hetero_data(alone)).detach()
+    assert p.shape == (len(searched.space),) and float(p.sum()) == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablate(graph, "no-ops")

@@ -170,7 +170,9 @@ class StrategySearch:
     """MCTS for one graph on one cluster (module docstring).
 
     ``reference_step_s`` is the step time of the reference strategy (DP-NCCL) that
-    rewards are measured against.
+    rewards are measured against. ``scores`` (a dict) lets searches over the same
+    evaluator, groups, actions and reference share what they simulated; their
+    ``evaluations`` then count the shared strategies.
     """
 
     def __init__(
@@ -185,6 +187,7 @@ class StrategySearch:
         c_puct: float = DEFAULT_C_PUCT,
         shuffle_ties: bool = False,
         name: str = "tagplan",
+        scores: dict | None = None,
     ) -> None:
         self.evaluator, self.grouping, self.space = evaluator, grouping, space
         self.reference_step_s = reference_step_s
@@ -198,7 +201,7 @@ class StrategySearch:
         self._group_ops = [
             [ir.op_names[o] for o in grouping.ops(g)] for g in range(grouping.num_groups)
         ]
-        self._scores: dict[tuple[int, ...], _Scored] = {}
+        self._scores: dict[tuple[int, ...], _Scored] = {} if scores is None else scores
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
 

@@ -1,0 +1,288 @@
+"""What the GNN prior buys the search (TAG §5.7 Table 7, §5.8), on clusters of seeds no
+training run draws from (:data:`~tagplan.gnn.train.EVAL_SEEDS`).
+
+For each case (a zoo model on an unseen random cluster; half of them TAG §5.2's
+generator, half larger allocations of 8-12 machines), three searches over the same op
+groups, actions and simulator, as ``tagplan plan`` builds them:
+
+* the MCTS with the uniform prior (the first tree of a plan: ties in the candidate
+  generator's order), ``--iterations`` iterations;
+* the same MCTS with the GNN prior, the same number of iterations;
+* simulated annealing (``bench.search_yardstick``) for ``--anneal`` strategies, a
+  yardstick independent of the tree.
+
+The best known step of a case is the best any of them found; each MCTS's figure is the
+iterations until its best came within 1% of it (TAG Table 7 counts iterations until a
+target is reached). Searches of one case share their simulations, which changes no
+iteration count.
+
+``--budgets`` adds the small-budget comparison: on the cases with 8 or more device
+groups, the step each prior reaches with a wall-clock search budget of 2 s and 5 s (the
+prior's inference included). ``--latency`` measures the prior's inference per expansion
+on 60 op groups x 32 device groups.
+
+Cases run in ``--workers`` processes and are appended to ``--out`` as JSON lines, so a
+run resumes; ``--write`` turns the lines into the BENCHMARKS.md section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.report import write_section
+from bench.search_yardstick import run_annealing
+from tagplan.gnn import load_prior
+from tagplan.gnn.dataset import Case, search_for
+from tagplan.gnn.train import EVAL_SEEDS
+from tagplan.planner.search.mcts import SearchProgress, StrategySearch
+
+MODELS = [
+    "vgg19",
+    "wide_deep",
+    "bert_small",
+    "inception_v3",
+    "gnmt_small",
+    "resnet101",
+    "transformer",
+    "bert_large",
+]
+WITHIN = 1.01
+LONG_SEARCH_AT_LEAST = 20  # Table 7's goal counts cases where uniform needs this many
+
+
+def eval_cases(models: list[str], per_model: int, seed: int) -> list[Case]:
+    """``per_model`` unseen clusters per model, every other one 8-12 machines."""
+    rng = random.Random(seed)
+    cases = []
+    for model in models:
+        for index in range(per_model):
+            cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
+            cluster = (
+                f"random:{cluster_seed}:{8 + cluster_seed % 5}"
+                if index % 2
+                else f"random:{cluster_seed}"
+            )
+            cases.append(Case(f"zoo:{model}", cluster, cluster_seed))
+    return cases
+
+
+def _trace(search: StrategySearch, iterations: int) -> list[float]:
+    """Best step (inf while nothing fits) after each iteration."""
+    best: list[float] = []
+
+    def watch(p: SearchProgress) -> None:
+        best.append(math.inf if p.best_step_time_s is None else p.best_step_time_s)
+
+    search.run(iterations=iterations, progress=watch)
+    return best
+
+
+def _first_within(trace: list[float], target_s: float) -> int | None:
+    return next((i for i, s in enumerate(trace, start=1) if s <= target_s), None)
+
+
+def _budget_step(case: Case, prior, budget_s: float) -> float:
+    outcome = search_for(case, prior, shuffle_ties=False).run(budget_s=budget_s)
+    return math.inf if outcome.oom else outcome.step_time_s
+
+
+def run_case(case: Case, iterations: int, anneal: int, budgets: bool, checkpoint: str | None):
+    torch.set_num_threads(1)
+    gnn = load_prior(checkpoint)
+    started = time.perf_counter()
+    scores: dict = {}  # the case's simulations, shared by its searches
+    uniform_search = search_for(case, None, scores=scores, shuffle_ties=False)
+    uniform = _trace(uniform_search, iterations)
+    guided = _trace(search_for(case, gnn, scores=scores, shuffle_ties=False), iterations)
+    annealer = search_for(case, None, scores=scores, shuffle_ties=False)
+    annealed = run_annealing(annealer, (0,) * annealer.grouping.num_groups, anneal, 0).best_s
+    known = min(min(uniform), min(guided), min(annealed))
+    record = {
+        "graph": case.graph,
+        "cluster": case.cluster,
+        "groups": uniform_search.grouping.num_groups,
+        "device_groups": uniform_search.space.cluster.num_groups,
+        "gpus": uniform_search.space.cluster.num_devices,
+        "actions": len(uniform_search.space),
+        "reference_s": uniform_search.reference_step_s,
+        "known_s": known,
+        "uniform_best_s": min(uniform),
+        "gnn_best_s": min(guided),
+        "anneal_best_s": min(annealed),
+        "uniform_iterations": _first_within(uniform, known * WITHIN),
+        "gnn_iterations": _first_within(guided, known * WITHIN),
+        "prior_ms": 1000 * gnn.seconds / max(gnn.calls, 1),
+    }
+    if budgets and record["device_groups"] >= 8:
+        for budget in (2.0, 5.0):
+            record[f"uniform_{budget:g}s"] = _budget_step(case, None, budget)
+            record[f"gnn_{budget:g}s"] = _budget_step(case, load_prior(checkpoint), budget)
+    record["wall_s"] = time.perf_counter() - started
+    return record
+
+
+def latency(checkpoint: str | None) -> dict:
+    """The prior's inference per expansion on BERT-Large (60 op groups) over 32 device
+    groups (``scale:256``), one thread."""
+    torch.set_num_threads(1)
+    prior = load_prior(checkpoint)
+    search = search_for(Case("zoo:bert_large", "scale:256", 1), prior)
+    outcome = search.run(iterations=40)
+    per_call = prior.seconds / prior.calls
+    return {
+        "groups": search.grouping.num_groups,
+        "device_groups": search.space.cluster.num_groups,
+        "actions": len(search.space),
+        "ms_per_expansion": 1000 * per_call,
+        "prior_share": prior.seconds / outcome.elapsed_s,
+    }
+
+
+def _stats(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} / {statistics.fmean(values):.1f}"
+
+
+def write(records: list[dict], latency_record: dict | None, args) -> None:
+    def iters(r, key):
+        return r[key] if r[key] is not None else args.iterations + 1
+
+    lines = [
+        "| model | cases | uniform: median / mean | GNN: median / mean | ratio of means | "
+        "cases uniform >= 20 | GNN >= 3x fewer there | GNN best <= uniform best |",
+        "| --- |" + " ---: |" * 7,
+    ]
+    all_u, all_g = [], []
+    long_cases = long_wins = 0
+    for model in dict.fromkeys(r["graph"] for r in records):
+        mine = [r for r in records if r["graph"] == model]
+        u = [iters(r, "uniform_iterations") for r in mine]
+        g = [iters(r, "gnn_iterations") for r in mine]
+        all_u += u
+        all_g += g
+        hard = [r for r in mine if iters(r, "uniform_iterations") >= LONG_SEARCH_AT_LEAST]
+        wins = [r for r in hard if iters(r, "gnn_iterations") * 3 <= iters(r, "uniform_iterations")]
+        long_cases += len(hard)
+        long_wins += len(wins)
+        not_worse = sum(r["gnn_best_s"] <= r["uniform_best_s"] * 1.0001 for r in mine)
+        lines.append(
+            f"| {model.removeprefix('zoo:')} | {len(mine)} | {_stats(u)} | {_stats(g)} | "
+            f"{statistics.fmean(u) / statistics.fmean(g):.2f} | {len(hard)} | {len(wins)} | "
+            f"{not_worse} of {len(mine)} |"
+        )
+    summary = [
+        f"all cases: uniform median / mean {_stats(all_u)}, GNN {_stats(all_g)} iterations "
+        f"to within 1% of the best known (ratio of means "
+        f"{statistics.fmean(all_u) / statistics.fmean(all_g):.2f}); a search that never got "
+        f"there counts as {args.iterations + 1}",
+        f"cases where the uniform search needs {LONG_SEARCH_AT_LEAST} iterations or more: "
+        f"{long_cases}; the GNN needs 3x fewer in {long_wins} of them",
+    ]
+    budget_rows = [r for r in records if "gnn_2s" in r]
+    for budget in ("2s", "5s"):
+        if not budget_rows:
+            break
+        pairs = [(r[f"uniform_{budget}"], r[f"gnn_{budget}"]) for r in budget_rows]
+        finite = [(u, g) for u, g in pairs if math.isfinite(u) and math.isfinite(g)]
+        at_least = sum(g <= u * 1.0001 for u, g in pairs)
+        gain = math.exp(statistics.fmean(math.log(u / g) for u, g in finite)) if finite else 1
+        summary.append(
+            f"{budget} search budget on the {len(pairs)} cases with 8+ device groups: the "
+            f"GNN's plan at least as fast in {at_least} ({100 * at_least / len(pairs):.0f}%), "
+            f"geometric-mean gain {gain:.3f}x"
+        )
+    if latency_record:
+        summary.append(
+            f"inference: {latency_record['ms_per_expansion']:.1f} ms per expansion on "
+            f"{latency_record['groups']} op groups x {latency_record['device_groups']} device "
+            f"groups ({latency_record['actions']} actions), one thread; the prior's share of "
+            f"that search's time {100 * latency_record['prior_share']:.0f}%"
+        )
+    mean_prior_ms = statistics.fmean(r["prior_ms"] for r in records)
+    summary.append(f"mean prior inference over the cases: {mean_prior_ms:.1f} ms per expansion")
+    body = "\n".join(
+        [
+            __doc__.split("\n\n", 1)[1].split("\n\nCases run")[0].replace("\n", " ").strip(),
+            "",
+            f"{args.iterations} iterations per MCTS, {args.anneal} strategies for annealing, "
+            f"{len(records)} cases. Cells: iterations until within 1% of the best known.",
+            "",
+            *lines,
+            "",
+            *(f"- {line}" for line in summary),
+        ]
+    )
+    write_section(
+        "gnn-prior",
+        "What the GNN prior buys the search (TAG Table 7 on unseen clusters)",
+        f"python -m bench.gnn_prior --per-model {args.per_model} --iterations "
+        f"{args.iterations} --anneal {args.anneal}"
+        + (" --budgets" if args.budgets else "")
+        + (" --latency" if args.latency else "")
+        + " --write",
+        body,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="*", default=MODELS)
+    parser.add_argument("--per-model", type=int, default=6)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--anneal", type=int, default=100)
+    parser.add_argument("--budgets", action="store_true")
+    parser.add_argument("--latency", action="store_true")
+    parser.add_argument("--checkpoint", default=None, help="default: the shipped one")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-gnn-prior.jsonl"))
+    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+    args = parser.parse_args()
+    done = {}
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            record = json.loads(line)
+            done[(record["graph"], record["cluster"])] = record
+    cases = [
+        c
+        for c in eval_cases(args.models, args.per_model, args.seed)
+        if (c.graph, c.cluster) not in done
+    ]
+    with ProcessPoolExecutor(args.workers) as pool:
+        futures = [
+            pool.submit(run_case, c, args.iterations, args.anneal, args.budgets, args.checkpoint)
+            for c in cases
+        ]
+        for future in futures:
+            record = future.result()
+            with args.out.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+            print(
+                record["graph"],
+                record["cluster"],
+                record["uniform_iterations"],
+                record["gnn_iterations"],
+                f"{record['wall_s']:.0f} s",
+                flush=True,
+            )
+            done[(record["graph"], record["cluster"])] = record
+    latency_record = latency(args.checkpoint) if args.latency else None
+    if latency_record:
+        print(latency_record)
+    if args.write:
+        wanted = {(c.graph, c.cluster) for c in eval_cases(args.models, args.per_model, args.seed)}
+        write([r for k, r in done.items() if k in wanted], latency_record, args)
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
