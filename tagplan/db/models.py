@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
+    "PRIOR_SLOT",
+    "ActiveCheckpoint",
     "ApiKey",
     "Base",
     "Blob",
@@ -274,6 +276,24 @@ class Checkpoint(Base):
     blob_digest: Mapped[str] = mapped_column(ForeignKey("blobs.digest"))
     meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+PRIOR_SLOT = "prior"
+"""The key of the one row of :class:`ActiveCheckpoint`."""
+
+
+class ActiveCheckpoint(Base):
+    """The checkpoint whose prior guides the searches of jobs submitted from now on, one for
+    the whole service (at most one row, under :data:`PRIOR_SLOT`); none: the checkpoint the
+    package ships. Switching rewrites the row, so two operators switching at once leave one
+    of their choices, never two."""
+
+    __tablename__ = "active_checkpoint"
+    slot: Mapped[str] = mapped_column(String(16), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id"))
+    activated_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """The id of the key that activated it."""
+    activated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Lease(Base):

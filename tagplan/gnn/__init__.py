@@ -74,6 +74,11 @@ def load_prior(source: str | Path | bytes | None = None) -> Prior:
     from tagplan.gnn.checkpoint import load_checkpoint
     from tagplan.gnn.prior import GnnPrior
 
+    import torch
+
+    # one forward pass per expansion on a graph of a few thousand edges: one thread is
+    # fastest, and more contend with the simulator for the same cores
+    torch.set_num_threads(1)
     model, meta = load_checkpoint(_package_file(_SHIPPED) if source is None else source)
     return GnnPrior(model, name=prior_name(meta["state_sha256"]))
 

@@ -23,6 +23,7 @@ from tagplan.db.models import ApiKey, ClusterRow, GraphRow, Job, JobStatus, Prof
 from tagplan.service.auth import Principal
 from tagplan.service.intake import cluster_from_input, store_cluster, store_graph, zoo_graph
 from tagplan.service.problems import Problem
+from tagplan.service.registry import new_job_prior
 from tagplan.service.schemas import JobCreate, JobLinks, JobPublic, Progress
 from tagplan.service.tenancy import hold, holds, owns_job
 from tagplan.settings import Settings
@@ -168,14 +169,16 @@ def submit(
     that tenant is returned instead.
 
     Returns the job and whether it existed. Identical means same graph content, batch
-    inputs, loss, cluster spec, batch size and options; failed and cancelled jobs do not
-    count, so resubmitting retries them.
+    inputs, loss, cluster spec, batch size and options, the prior the job's search is to
+    use included (``options["prior"]``: the active checkpoint now, :mod:`.registry`);
+    failed and cancelled jobs do not count, so resubmitting retries them.
     """
     graph, batch_inputs, loss = _graph(session, settings, caller, body)
     cluster = _cluster(session, settings, caller, body.cluster)
     options = body.options.model_dump()
     _check_options(settings, options)
     _check_profiles(session, caller, options["profiles"])
+    options["prior"] = new_job_prior(session)
     identity = [graph.fingerprint, batch_inputs, loss, cluster.id, body.batch_size, options]
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     job = Job(

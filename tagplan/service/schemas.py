@@ -23,6 +23,7 @@ __all__ = [
     "MAX_NODE_NAME_CHARS",
     "MAX_SHARDS",
     "SERVER_SIDE_OPTIONS",
+    "ActivePriorPublic",
     "CheckpointPublic",
     "ClusterPublic",
     "GraphInput",
@@ -289,6 +290,15 @@ class ResultPublic(BaseModel):
     complete: bool = Field(
         default=True, description="false for an anytime job's best plan at its deadline"
     )
+    prior: str = Field(
+        default="uniform",
+        description="the search's prior: gnn:<digest> of the checkpoint that guided it, or uniform",
+    )
+    prior_note: str | None = Field(
+        default=None,
+        description="why the prior is not the checkpoint the job recorded (a worker "
+        "without torch searches with the uniform prior)",
+    )
 
 
 class StrategyPublic(BaseModel):
@@ -304,6 +314,7 @@ class StrategyPublic(BaseModel):
     strategy: dict[str, Any]
     remapped: bool = Field(description="rewritten from an isomorphic cluster's numbering")
     source: Literal["search", "cache"] = "search"
+    prior: str = Field(default="uniform", description="the prior of the search that made it")
     stale: bool = Field(
         default=False,
         description="made by another planner version: listed, never used to answer a job",
@@ -344,6 +355,31 @@ class CheckpointPublic(BaseModel):
     name: str
     meta: dict[str, Any]
     created_at: datetime
+    active: bool = Field(
+        default=False, description="the checkpoint guiding the searches of new jobs"
+    )
+
+
+class ActivePriorPublic(BaseModel):
+    """The prior that guides the searches of jobs submitted now (``/v1/checkpoints/active``)."""
+
+    prior: str = Field(
+        description="what a job submitted now records as options.prior: "
+        "'checkpoint:<id>' of the active checkpoint, or 'shipped'"
+    )
+    checkpoint: CheckpointPublic | None = Field(
+        default=None,
+        description="the active checkpoint (null: none is active, or the caller's tenant "
+        "does not hold it)",
+    )
+    activated_at: datetime | None = None
+    activated_by: str | None = Field(
+        default=None, description="the id of the key that activated it (tagplan keys list)"
+    )
+    shipped: str = Field(
+        description="the prior of the checkpoint the package ships (gnn:<first 12 hex digits "
+        "of its weights' sha256>), used while none is active"
+    )
 
 
 class ProfilePublic(BaseModel):

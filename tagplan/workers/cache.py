@@ -2,12 +2,13 @@
 
 A finished plan answers a new job of the same tenant when it was made for the same graph
 content, batch inputs, loss and batch size, on a cluster with the same canonical
-fingerprint, with the same **cost inputs**: the planner's version,
-the job's profiles (by content digest), the search prior and whether sufficient-factor
-broadcast may be used. A plan made with other cost inputs is stale: listed by
-``GET /v1/strategies`` (marked so), never used to answer. Plans of the same graph on a
-cluster a machine larger or smaller, or at another batch size, are **near misses**: they
-seed the search instead of answering (:func:`find_plans` finds both with one query).
+fingerprint, with the same **cost inputs**: the planner's version, the job's profiles (by
+content digest), the search's prior (its name: ``gnn:<digest>`` of the checkpoint that
+guided the search, or ``uniform``) and whether sufficient-factor broadcast may be used. A
+plan made with other cost inputs never answers; one of another planner version is listed
+by ``GET /v1/strategies`` as stale. Plans of the same graph on a cluster a machine larger
+or smaller, or at another batch size, are **near misses**: they seed the search instead of
+answering (:func:`find_plans` finds both with one query).
 """
 
 from __future__ import annotations
@@ -29,26 +30,26 @@ if TYPE_CHECKING:
 
 __all__ = ["CachedPlan", "cost_inputs", "cost_key", "find_plans"]
 
-PRIOR = "uniform"
-"""The search's prior (the GNN's active checkpoint once it guides the search)."""
 _MAX_NEAR_CANDIDATES = 50
 # machines (GPU type, count) that may differ between a near miss and the job's cluster
 _MAX_MACHINE_CHANGES = 2
 
 
-def cost_inputs(options: dict[str, Any]) -> dict[str, Any]:
-    """What a plan's numbers depend on besides graph, cluster and batch size."""
+def cost_inputs(options: dict[str, Any], prior: str) -> dict[str, Any]:
+    """What a plan's numbers depend on besides graph, cluster and batch size; ``prior`` is
+    the name of the prior the job's search uses (:mod:`~.priors`)."""
     return {
         "planner": planner_version(),
         "profiles": sorted(options.get("profiles", [])),
-        "prior": PRIOR,
+        "prior": prior,
         "sfb": bool(options.get("sfb", True)),
     }
 
 
-def cost_key(options: dict[str, Any]) -> str:
+def cost_key(options: dict[str, Any], prior: str) -> str:
     """Digest of :func:`cost_inputs`."""
-    return hashlib.sha256(json.dumps(cost_inputs(options), sort_keys=True).encode()).hexdigest()
+    inputs = cost_inputs(options, prior)
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

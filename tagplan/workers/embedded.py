@@ -21,6 +21,7 @@ from tagplan.db.models import Job, JobStatus
 from tagplan.db.session import session_scope
 from tagplan.settings import Settings
 from tagplan.workers.pipeline import enqueue_job
+from tagplan.workers.priors import preload
 
 __all__ = ["EmbeddedWorker", "requeue_unfinished"]
 
@@ -69,14 +70,15 @@ class EmbeddedWorker:
 
 
 def _warm_then_serve(worker: WorkController) -> None:
-    """Warm the simulator up, then serve (the first job's budget does not pay it); a
-    warm-up that fails only costs the first job that time."""
+    """Warm the simulator up and load the shipped prior, then serve (the first job's
+    budget does not pay them); a warm-up that fails only costs the first job that time."""
     from tagplan.planner.evaluate import warm_up
 
     try:
         warm_up()
     except Exception:
         log.exception("the simulator's warm-up failed; serving anyway")
+    preload()
     worker.start()
 
 

@@ -31,6 +31,7 @@ from tagplan.settings import Settings
 from tagplan.workers.analyses import analysis_key, stored_analysis
 from tagplan.workers.cache import CachedPlan, cost_key, find_plans
 from tagplan.workers.monitor import JobMonitor
+from tagplan.workers.priors import SHIPPED, job_prior
 
 if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
     from tagplan.planner.budget import Deadline
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # the planner's types, without importing its modules at run t
     from tagplan.planner.cost.profile import ProfileSource
     from tagplan.planner.graph.ir import GraphIR
     from tagplan.planner.options import PlanOptions
+    from tagplan.planner.search.prior import Prior
     from tagplan.planner.strategy import Strategy
     from tagplan.planner.strategy_remap import ClusterMapping
     from tagplan.planner.topology import CanonicalOrder, Cluster
@@ -58,8 +60,9 @@ __all__ = [
 class JobInputs:
     """A job's graph (parsed and analyzed), cluster, the options it was submitted with and
     the planner options they make, cost models, the deadline of its budget (fixed when the
-    job started, shared by every step) and what its analyze step prepared for the others
-    (grouping, baselines, the cached plan the search starts from), if it has run."""
+    job started, shared by every step), its prior (:mod:`~.priors`) and what its analyze
+    step prepared for the others (grouping, baselines, the cached plan the search starts
+    from), if it has run."""
 
     graph_def: Any  # a GraphDef message of the planner's protobuf descriptors
     ir: GraphIR
@@ -69,6 +72,9 @@ class JobInputs:
     profiles: ProfileSource | None
     comm: CommModel | None
     deadline: Deadline
+    prior: Prior
+    cost_key: str  # digest of the cost inputs, the prior's name included (:mod:`~.cache`)
+    prior_note: str | None = None  # why ``prior`` is not the one the job recorded
     prepared: dict[str, Any] | None = None
     start: Strategy | None = None  # a cached plan's strategy the search starts from
     started_from: dict[str, Any] | None = None  # that plan's job_id and how near it was
@@ -115,6 +121,7 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
     cluster = load_cluster(spec)
     profiles, comm = _cost_models(cluster, documents)
     plan_options = PlanOptions(**options)
+    prior, prior_note = job_prior(settings.sqlalchemy_url, requested.get("prior", SHIPPED))
     if started_at.tzinfo is None:  # stored as UTC; SQLite gives it back naive
         started_at = started_at.replace(tzinfo=UTC)
     deadline = Deadline.after(plan_options.budget_s, start_s=started_at.timestamp())
@@ -128,6 +135,9 @@ def load_inputs(settings: Settings, job_id: str) -> JobInputs:
         profiles,
         comm,
         deadline,
+        prior,
+        cost_key(requested, prior.name),
+        prior_note,
         analyzed.get("prepared"),
         load_strategy(start["strategy"]) if start else None,
         {"job_id": start["job_id"], "kind": start["kind"]} if start else None,
@@ -175,11 +185,10 @@ def analyze_step(settings: Settings, job_id: str) -> bool:
     from tagplan.planner.topology import canonical_order
 
     inputs = load_inputs(settings, job_id)
-    key = cost_key(inputs.requested)
     order = canonical_order(inputs.cluster)
-    cached, start = _cached_plans(settings, job_id, inputs, order, key)
+    cached, start = _cached_plans(settings, job_id, inputs, order)
     if cached is not None:
-        _answer_from_cache(settings, job_id, inputs, order, cached, key)
+        _answer_from_cache(settings, job_id, inputs, order, cached)
         return False
     if start is not None:
         inputs = replace(inputs, start=load_strategy(start["strategy"]))
@@ -216,7 +225,7 @@ def _references(planner: Any) -> dict[str, Any]:
 
 
 def _cached_plans(
-    settings: Settings, job_id: str, inputs: JobInputs, order: CanonicalOrder, key: str
+    settings: Settings, job_id: str, inputs: JobInputs, order: CanonicalOrder
 ) -> tuple[CachedPlan | None, dict[str, Any] | None]:
     """The cached plan that answers the job (None with ``fresh``), and the strategy its
     search starts from: that plan's (``fresh``) or a near miss's, adapted to the job's
@@ -232,7 +241,7 @@ def _cached_plans(
             graph_fingerprint=inputs.ir.fingerprint,
             cluster_fingerprint=order.fingerprint,
             batch_size=inputs.ir.batch_size,
-            key=key,
+            key=inputs.cost_key,
         )
     if found is not None:
         if not inputs.requested.get("fresh", False):
@@ -261,12 +270,7 @@ def _mapping(source: Cluster, target: Cluster, order: CanonicalOrder) -> Cluster
 
 
 def _answer_from_cache(
-    settings: Settings,
-    job_id: str,
-    inputs: JobInputs,
-    order: CanonicalOrder,
-    plan: CachedPlan,
-    key: str,
+    settings: Settings, job_id: str, inputs: JobInputs, order: CanonicalOrder, plan: CachedPlan
 ) -> None:
     """Complete the job from ``plan``: its strategy remapped to the job's numbering and
     re-simulated, its GraphDef renumbered (:mod:`tagplan.planner.replay`); the trace is
@@ -302,7 +306,7 @@ def _answer_from_cache(
         cached_from=plan.job_id,
     )
     with session_scope(url) as session:
-        if not _store_result(session, job_id, inputs, stored, key):
+        if not _store_result(session, job_id, inputs, stored):
             return
         job_state.save_step(
             session, job_id=job_id, step="analyze", output={"cached_from": plan.job_id}
@@ -339,7 +343,6 @@ def _store_result(
     job_id: str,
     inputs: JobInputs,
     plan: StoredPlan,
-    key: str,
     trace: tuple[bytes, bytes] | None = None,
 ) -> bool:
     """Store the job's result and mark it succeeded; False (nothing stored) when the job
@@ -358,6 +361,8 @@ def _store_result(
         return False
     job = session.get(Job, job_id)
     summary = json.loads(json.dumps(plan.summary))
+    if inputs.prior_note:
+        summary["prior_note"] = inputs.prior_note
     if job.started_at is not None:
         finished, started = job_state.as_utc(job.finished_at), job_state.as_utc(job.started_at)
         summary["plan_time_s"] = (finished - started).total_seconds()
@@ -373,7 +378,7 @@ def _store_result(
             graphdef_digest=graphdef_digest,
             trace_digest=trace_digest,
             lanes_digest=lanes_digest,
-            cost_key=key,
+            cost_key=inputs.cost_key,
             planner_version=planner_version(),
             source=plan.source,
             cached_from=plan.cached_from,
@@ -400,6 +405,7 @@ def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:
         deadline=inputs.deadline,
         prepared=inputs.prepared,
         start=inputs.start,
+        prior=inputs.prior,
     )
 
 
@@ -451,7 +457,7 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
         complete=complete,
     )
     with session_scope(url) as session:
-        if not _store_result(session, job_id, inputs, stored, cost_key(options), trace):
+        if not _store_result(session, job_id, inputs, stored, trace):
             return None
         if complete or options.get("refine_s") is None:
             return None

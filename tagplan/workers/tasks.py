@@ -31,6 +31,7 @@ from tagplan.settings import get_settings
 from tagplan.workers import steps
 from tagplan.workers.app import app
 from tagplan.workers.pipeline import enqueue_job, launch_search
+from tagplan.workers.priors import preload
 
 __all__ = ["analyze_job", "finish_job", "search_shard"]
 
@@ -41,14 +42,16 @@ MAX_RETRIES = 10
 
 @worker_process_init.connect
 def _warm_up(**_: object) -> None:
-    """Each worker process compiles the simulator before its first job (see
-    :func:`~tagplan.planner.evaluate.warm_up`); a warm-up that fails is logged, not fatal."""
+    """Each worker process compiles the simulator and loads the shipped prior before its
+    first job (see :func:`~tagplan.planner.evaluate.warm_up`,
+    :func:`~tagplan.workers.priors.preload`); a warm-up that fails is logged, not fatal."""
     from tagplan.planner.evaluate import warm_up
 
     try:
         log.info("simulator warmed up in %.2f s", warm_up())
     except Exception:
         log.exception("the simulator's warm-up failed; serving anyway")
+    preload()
 
 
 def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None]) -> bool:

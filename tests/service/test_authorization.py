@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,9 @@ MATRIX: dict[tuple[str, str], Endpoint] = {
     ),
     ("GET", "/v1/checkpoints"): Endpoint("read", lists="checkpoint"),
     ("GET", "/v1/checkpoints/{checkpoint_id}"): READ_OWNED,
+    ("GET", "/v1/checkpoints/active"): Endpoint("read"),
+    ("PUT", "/v1/checkpoints/{checkpoint_id}/active"): Endpoint("operate", owned=True),
+    ("DELETE", "/v1/checkpoints/active"): Endpoint("operate"),
 }
 
 SCOPES = ("read", "submit", "operate", "admin")
@@ -206,6 +209,14 @@ def objects(service: TestClient, callers: dict[str, dict[str, str]]) -> Objects:
         "fingerprint"
     ]
     return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registry_cleared(service: TestClient) -> Iterator[None]:
+    """The matrix activates the owner's checkpoint, bytes no worker loads: the registry is
+    cleared afterwards, so the jobs of later tests search with the shipped checkpoint."""
+    yield
+    service.delete("/v1/checkpoints/active", headers=make_key("operate"))
 
 
 def test_every_route_is_in_the_matrix(service: TestClient) -> None:

@@ -159,6 +159,7 @@ def test_submit_watch_open_and_download_a_plan(page, service: Service, tmp_path)
     )
     assert dict(bars)["tagplan"] == pytest.approx(result["step_time_s"])
     assert len(page.query_selector_all("#strategy tbody tr")) == len(result["strategy"]["groups"])
+    assert page.inner_text("#plan-prior") == f"prior {result['prior']}"
 
     # the GraphDef downloads (the key in a header, not the URL) and parses
     with page.expect_download() as download:
@@ -207,13 +208,24 @@ def test_another_tenant_sees_none_of_the_jobs(page, service: Service) -> None:
 
 
 def test_the_operators_page(page, service: Service) -> None:
-    _use_key(page, service, service.key("operate", tenant="ops"))
+    key = service.key("operate", tenant="ops")
+    checkpoint = httpx.post(
+        f"{service.url}/v1/checkpoints?name=ui-prior",
+        content=b"weights",
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()
+    _use_key(page, service, key)
     page.goto(f"{service.url}/ui/#/operate")
-    page.wait_for_selector("#checkpoints")
+    page.wait_for_selector("#active-prior")
     assert "ready: ok" in page.inner_text("#health")
     assert "V100" in page.inner_text("#gpu-types")
     assert "testbed" in page.inner_text("#named-clusters")
     assert page.query_selector("#profile-file") is not None  # operators may upload
+    assert "shipped checkpoint (gnn:" in page.inner_text("#active-prior")
+    page.click(f"tr[data-checkpoint='{checkpoint['id']}'] button")  # activate it
+    page.wait_for_selector("#active-prior:has-text('Active: ui-prior')")
+    page.click("#checkpoint-clear")  # and back to the shipped one
+    page.wait_for_selector("#active-prior:has-text('shipped checkpoint')")
     page.wait_for_timeout(2500)  # the jobs page the key was entered on had started loading
     assert page.query_selector("#jobs") is None
     assert _unexpected(page.console_errors) == []

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+from tagplan.gnn import shipped_prior_name
+
 HEAVY_LIBRARIES = ("tensorflow", "torch", "numba", "pulp", "pymetis")
 PLANNING_PACKAGES = ("compile", "search", "sim", "verify", "run", "zoo", "gnn")
 
@@ -30,3 +32,21 @@ def test_the_app_loads_no_planning_work() -> None:
     planning = [f"tagplan.planner.{p}" for p in PLANNING_PACKAGES] + ["tagplan.gnn"]
     assert [m for m in loaded if m.startswith(tuple(planning))] == []
     assert "tagplan.planner.graph.analyzer" in loaded  # intake: the API validates graphs
+
+
+def test_the_app_builds_without_torch() -> None:
+    """The API's image installs no torch: the app builds and documents itself, and names
+    the prior of the checkpoint the workers ship, all the same."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if not installed: importing it raises ImportError\n"
+        "sys.modules['torch_geometric'] = None\n"
+        "from tagplan.service.app import create_app\n"
+        "from tagplan.service.registry import shipped_prior\n"
+        "create_app().openapi()\n"
+        "print(shipped_prior())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip().splitlines()[-1] == shipped_prior_name()

@@ -15,6 +15,8 @@ ENDPOINTS = {
     "/v1/strategies": {"get"},
     "/v1/profiles": {"get", "post"},
     "/v1/checkpoints": {"get", "post"},
+    "/v1/checkpoints/active": {"get", "delete"},
+    "/v1/checkpoints/{checkpoint_id}/active": {"put"},
     "/v1/gpu-types": {"get"},
     "/v1/clusters/named": {"get"},
     "/v1/clusters": {"post"},

@@ -332,6 +332,7 @@ async function renderPlan(box, job) {
     h("span", { class: "tag", id: "plan-source" }, result.source === "cache"
       ? `from the cache (job ${short(result.cached_from)})` : "searched"),
     result.complete ? null : h("span", { class: "tag" }, "incomplete: answered at the deadline"),
+    h("span", { class: "tag", id: "plan-prior", title: result.prior_note || null }, `prior ${result.prior}`),
   ];
   box.replaceChildren(
     h("div", { class: "row" },
@@ -584,9 +585,7 @@ async function operatorsPage(view) {
   h("p", { class: "muted" }, Object.entries(overview.jobs).map(([k, v]) => `${k} ${v}`).join(" · ")));
 
   view.append(strategiesCard(), await profilesCard());
-  const [types, named, checkpoints] = await Promise.all([
-    api("/v1/gpu-types"), api("/v1/clusters/named"), api("/v1/checkpoints"),
-  ]);
+  const [types, named] = await Promise.all([api("/v1/gpu-types"), api("/v1/clusters/named")]);
   view.append(h("div", { class: "row" },
     h("div", { class: "card", id: "gpu-types" }, h("h2", {}, "GPU catalog"), h("table", {},
       h("thead", {}, h("tr", {}, ["type", "FP32 TFLOP/s", "memory GiB", "memory GB/s"].map((t) => h("th", {}, t)))),
@@ -594,11 +593,40 @@ async function operatorsPage(view) {
         h("td", { class: "num" }, t.memory_gib), h("td", { class: "num" }, t.memory_bandwidth_gb_per_s)))))),
     h("div", { class: "card", id: "named-clusters" }, h("h2", {}, "Named clusters"), h("table", {},
       h("tbody", {}, named.map((c) => h("tr", {}, h("td", {}, c.name), h("td", { class: "muted" }, c.description))))))));
-  view.append(h("div", { class: "card", id: "checkpoints" }, h("h2", {}, "GNN checkpoints"),
-    h("p", { class: "muted" }, "Active: none — the search runs with the uniform prior."),
-    checkpoints.length
-      ? h("table", {}, h("tbody", {}, checkpoints.map((c) => h("tr", {}, h("td", {}, c.name), h("td", { class: "muted" }, short(c.id)), h("td", {}, age(c.created_at))))))
-      : h("p", {}, "No checkpoints uploaded.")));
+  view.append(await checkpointsCard());
+}
+
+async function checkpointsCard() {
+  const card = h("div", { class: "card", id: "checkpoints" }, h("h2", {}, "GNN checkpoints"));
+  const body = h("div");
+  const change = (method, path) => async () => {
+    try {
+      await api(path, { method });
+      await refresh();
+    } catch (error) {
+      showError(error.message);
+    }
+  };
+  async function refresh() {
+    const [checkpoints, active] = await Promise.all([api("/v1/checkpoints"), api("/v1/checkpoints/active")]);
+    const using = active.prior === "shipped"
+      ? `Active: none — new jobs search with the shipped checkpoint (${active.shipped}).`
+      : `Active: ${active.checkpoint ? active.checkpoint.name : active.prior}, for ${age(active.activated_at)} — new jobs search with it.`;
+    body.replaceChildren(
+      h("p", { class: "muted", id: "active-prior" }, using, " ",
+        can("operate") && active.prior !== "shipped"
+          ? h("button", { id: "checkpoint-clear", onclick: change("DELETE", "/v1/checkpoints/active") }, "Use the shipped one")
+          : null),
+      checkpoints.length
+        ? h("table", {}, h("tbody", {}, checkpoints.map((c) => h("tr", { "data-checkpoint": c.id },
+          h("td", {}, c.name), h("td", { class: "muted" }, short(c.id)), h("td", {}, age(c.created_at)),
+          h("td", {}, c.active ? h("span", { class: "tag" }, "active")
+            : can("operate") ? h("button", { onclick: change("PUT", `/v1/checkpoints/${c.id}/active`) }, "Activate") : null)))))
+        : h("p", {}, "No checkpoints uploaded."));
+  }
+  card.append(body);
+  await refresh();
+  return card;
 }
 
 function strategiesCard() {

@@ -102,6 +102,7 @@ def _strategies(
                 strategy=strategy,
                 remapped=remapped,
                 source=result.source,
+                prior=summary.get("prior", "uniform"),
                 stale=result.planner_version != planner_version(),
                 created_at=result.created_at,
             )
