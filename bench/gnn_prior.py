@@ -22,7 +22,8 @@ prior's inference included). ``--latency`` measures the prior's inference per ex
 on 60 op groups x 32 device groups.
 
 Cases run in ``--workers`` processes and are appended to ``--out`` as JSON lines, so a
-run resumes; ``--write`` turns the lines into the BENCHMARKS.md section.
+run resumes and several runs (say, fewer clusters for the models whose simulation is
+slow) add up; ``--write`` turns every line of the file into the BENCHMARKS.md section.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
     write_section(
         "gnn-prior",
         "What the GNN prior buys the search (TAG Table 7 on unseen clusters)",
-        f"python -m bench.gnn_prior --per-model {args.per_model} --iterations "
+        f"python -m bench.gnn_prior --models ... --per-model N --iterations "
         f"{args.iterations} --anneal {args.anneal}"
         + (" --budgets" if args.budgets else "")
         + (" --latency" if args.latency else "")
@@ -279,8 +280,7 @@ def main() -> None:
     if latency_record:
         print(latency_record)
     if args.write:
-        wanted = {(c.graph, c.cluster) for c in eval_cases(args.models, args.per_model, args.seed)}
-        write([r for k, r in done.items() if k in wanted], latency_record, args)
+        write(list(done.values()), latency_record, args)
 
 
 if __name__ == "__main__":

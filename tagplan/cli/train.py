@@ -28,7 +28,7 @@ def train_command(
     epochs: Annotated[int, typer.Option(help="Training epochs per round.")] = 40,
     rounds: Annotated[
         int, typer.Option(help="Generate-and-fit rounds (AlphaZero: round k searches with k-1).")
-    ] = 1,
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the cases, the split and the weights.")] = 0,
     workers: Annotated[int, typer.Option(help="Processes generating data.")] = 2,
     ablation: Annotated[

@@ -78,7 +78,7 @@ class TrainOptions:
     models: tuple[str, ...] = TRAIN_MODELS
     clusters_per_model: int = 8
     seed: int = 0
-    rounds: int = 1
+    rounds: int = 2
     iterations: int = 150
     min_visits: int = 6
     epochs: int = 40

@@ -15,6 +15,7 @@ from tagplan.planner.errors import InvalidInput
 SMALL = TrainOptions(
     models=("mlp", "small_cnn"),
     clusters_per_model=3,
+    rounds=1,
     iterations=30,
     min_visits=4,
     epochs=6,
