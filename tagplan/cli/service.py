@@ -116,6 +116,8 @@ def format_summary(job: dict[str, Any], result: dict[str, Any] | None) -> str:
             f"{name} {'OOM' if t is None else f'{t * ms:.3f} ms'}"
             for name, t in result["baselines"].items()
         ),
+        f"  search prior         {result.get('prior', 'uniform')}"
+        + (f" ({result['prior_note']})" if result.get("prior_note") else ""),
         f"  peak memory per GPU  max {max(result['peak_memory_bytes'].values()) / 2**30:.2f} GiB"
         f" over {len(result['peak_memory_bytes'])} GPUs",
         f"  estimated            {result['estimated']}",

@@ -8,6 +8,7 @@ import sys
 import httpx
 import pytest
 
+from tagplan.gnn import shipped_prior_name
 from tests.workers.conftest import Stack
 
 
@@ -60,6 +61,7 @@ def test_submit_waits_and_prints_the_summary(stack: Stack) -> None:
     done = tagplan(stack, *args, "--seed", "21", "--api-key", stack.token, "--wait")
     assert done.returncode == 0, done.stderr
     assert "succeeded" in done.stdout and "predicted step time" in done.stdout
+    assert f"search prior         {shipped_prior_name()}" in done.stdout
     refused = tagplan(stack, *args, "--api-key", "tpk_bad_key")
     assert refused.returncode == 2 and "401" in refused.stderr and "--api-key" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
