@@ -71,10 +71,10 @@ def load_prior(source: str | Path | bytes | None = None) -> Prior:
         raise InvalidInput(
             "the GNN prior needs torch and torch-geometric: pip install 'tagplan[gnn]'"
         )
+    import torch
+
     from tagplan.gnn.checkpoint import load_checkpoint
     from tagplan.gnn.prior import GnnPrior
-
-    import torch
 
     # one forward pass per expansion on a graph of a few thousand edges: one thread is
     # fastest, and more contend with the simulator for the same cores
