@@ -264,6 +264,11 @@ def fit(
     return model, history
 
 
+def _what_counts(options: dict) -> dict:
+    """The options a run's results depend on: all but how many processes generate."""
+    return {k: v for k, v in options.items() if k != "workers"}
+
+
 def held_out_cases(cases: Sequence[Case]) -> set[Case]:
     """The cases that validate the fit: every tenth, counting from the last."""
     return {cases[i] for i in range(len(cases) - 1, 0, -_HELD_OUT_EVERY)}
@@ -299,12 +304,12 @@ def train(
     record = {"options": asdict(options), "rounds": []}
     if record_path.exists():
         previous = json.loads(record_path.read_text())
-        if previous["options"] != record["options"]:
+        if _what_counts(previous["options"]) != _what_counts(record["options"]):
             raise InvalidInput(
                 f"{out} holds a run with other options; resume with the same ones or use "
                 "another directory"
             )
-        record = previous
+        record = {**previous, "options": record["options"]}
     report = progress or (lambda *_: None)
     cases = cases_for(options)
     held_out = held_out_cases(cases)
