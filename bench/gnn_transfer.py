@@ -25,6 +25,7 @@ Fitted networks are kept in ``RUN/transfer/`` and reused by a rerun.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -72,7 +73,7 @@ def fitted(
     """A network fitted on the round's data (cached in ``RUN/transfer``)."""
     path = run / "transfer" / f"round-{round_index}-{name}.pt"
     options = _options(run)
-    options = TrainOptions(**{**options.__dict__, "hyper": {**options.hyper, "ablation": ablation}})
+    options = dataclasses.replace(options, hyper={**options.hyper, "ablation": ablation})
     if not path.exists():
         cases = cases_for(options)
         kept = [c for c in cases if leave_out is None or c.graph != f"zoo:{leave_out}"]

@@ -107,10 +107,11 @@ def generate_case(
     """The examples of one case and a summary of its search."""
     search = search_for(case, prior)
     outcome = search.run(iterations=iterations)
-    examples = []
-    for query, visits in search.visit_targets(min_visits):
-        static = static_graph(query.context)
-        examples.append(Example(state_graph(static, query), visits.astype(np.float32)))
+    static = static_graph(search.context)  # every vertex's query shares the search's context
+    examples = [
+        Example(state_graph(static, query), visits.astype(np.float32))
+        for query, visits in search.visit_targets(min_visits)
+    ]
     summary = {
         **asdict(case),
         "examples": len(examples),

@@ -139,10 +139,13 @@ class StaticGraph:
     dev_x: np.ndarray  # (M, len(DEV_FEATURES)) likewise
     act_x: np.ndarray  # (A, len(ACT_FEATURES))
     op_edge_index: np.ndarray  # op -> op along the data
+    op_back_index: np.ndarray  # the same edges reversed
     op_edge_attr: np.ndarray
     dev_edge_index: np.ndarray  # every ordered pair of distinct device groups
     dev_edge_attr: np.ndarray
     op_dev_log_time: np.ndarray  # (G, M): log(estimated time on d / the group's mean time)
+    op_dev_index: np.ndarray  # (2, G·M): every (op group, device group) pair, row-major
+    dev_op_index: np.ndarray  # the same pairs reversed
     act_members: np.ndarray  # (2, sum |S|): device group -> action
     act_device_groups: tuple[tuple[int, ...], ...]
     act_option: np.ndarray  # (A,) option index in OPTIONS
@@ -253,15 +256,20 @@ def static_graph(context: SearchContext) -> StaticGraph:
         act_x[i, col + 3] = _log(inner.min() / fastest)
         act_x[i, col + 4] = len(set(cluster.group_machine[chosen].tolist())) / cluster.num_machines
 
+    op_edge_index = np.stack([grouping.edge_src, grouping.edge_dst]).astype(np.int64)
+    op_dev_index = np.stack(np.divmod(np.arange(g_count * m_count), m_count)).astype(np.int64)
     return StaticGraph(
         op_x=op_x.astype(np.float32),
         dev_x=dev_x.astype(np.float32),
         act_x=act_x.astype(np.float32),
-        op_edge_index=np.stack([grouping.edge_src, grouping.edge_dst]).astype(np.int64),
+        op_edge_index=op_edge_index,
+        op_back_index=op_edge_index[::-1].copy(),
         op_edge_attr=op_edge_attr.astype(np.float32),
         dev_edge_index=np.stack([src, dst]).astype(np.int64),
         dev_edge_attr=dev_edge_attr.astype(np.float32),
         op_dev_log_time=op_dev_log_time.astype(np.float32),
+        op_dev_index=op_dev_index,
+        dev_op_index=op_dev_index[::-1].copy(),
         act_members=np.array([member_src, member_dst], dtype=np.int64).reshape(2, -1),
         act_device_groups=tuple(a.device_groups for a in actions),
         act_option=act_option,
@@ -310,7 +318,6 @@ def state_graph(static: StaticGraph, query: PriorQuery) -> StateGraph:
             ].mean()
             dev_x[d, DEV_FEATURES.index("over_capacity")] = float(peak[members].max() > 1.0)
 
-    op_src, dev_dst = np.divmod(np.arange(g_count * m_count), m_count)
     op_dev_attr = np.concatenate(
         [
             static.op_dev_log_time.reshape(-1, 1),
@@ -319,13 +326,12 @@ def state_graph(static: StaticGraph, query: PriorQuery) -> StateGraph:
         ],
         axis=1,
     ).astype(np.float32)
-    op_dev_index = np.stack([op_src, dev_dst]).astype(np.int64)
     edges = {
         ("op", "feeds", "op"): (static.op_edge_index, static.op_edge_attr),
-        ("op", "fed_by", "op"): (static.op_edge_index[::-1].copy(), static.op_edge_attr),
+        ("op", "fed_by", "op"): (static.op_back_index, static.op_edge_attr),
         ("dev", "link", "dev"): (static.dev_edge_index, static.dev_edge_attr),
-        ("op", "on", "dev"): (op_dev_index, op_dev_attr),
-        ("dev", "hosts", "op"): (op_dev_index[::-1].copy(), op_dev_attr),
+        ("op", "on", "dev"): (static.op_dev_index, op_dev_attr),
+        ("dev", "hosts", "op"): (static.dev_op_index, op_dev_attr),
         ("dev", "in", "act"): (static.act_members, np.zeros((static.act_members.shape[1], 0))),
     }
     return StateGraph(op_x=op_x, dev_x=dev_x, act_x=static.act_x, edges=edges)

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch_geometric.data import Batch
 
-from tagplan.gnn.checkpoint import load_checkpoint, save_checkpoint
+from tagplan.gnn import load_prior
+from tagplan.gnn.checkpoint import save_checkpoint
 from tagplan.gnn.dataset import Case, Example, case_file, generate_case, load_case, save_case
 from tagplan.gnn.features import ablate
 from tagplan.gnn.model import DEFAULT_HYPER, PriorNet, to_hetero_data
-from tagplan.gnn.prior import GnnPrior
 from tagplan.planner.errors import InvalidInput
 
 __all__ = [
@@ -118,11 +118,7 @@ def _generate_one(
     case: Case, checkpoint: str | None, iterations: int, min_visits: int, out: str
 ) -> dict:
     """Worker process: one case with the prior of ``checkpoint`` (None: uniform)."""
-    torch.set_num_threads(1)
-    prior = None
-    if checkpoint is not None:
-        model, meta = load_checkpoint(checkpoint)
-        prior = GnnPrior(model, name=meta["state_sha256"][:12])
+    prior = None if checkpoint is None else load_prior(checkpoint)
     examples, summary = generate_case(case, prior, iterations=iterations, min_visits=min_visits)
     save_case(Path(out), examples, summary)
     return summary
