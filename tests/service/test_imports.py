@@ -15,6 +15,14 @@ HEAVY_LIBRARIES = ("tensorflow", "torch", "numba", "pulp", "pymetis")
 PLANNING_PACKAGES = ("compile", "search", "sim", "verify", "run", "zoo", "gnn")
 
 
+def _last_line(code: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_the_app_loads_no_planning_work() -> None:
     code = (
         "import json, sys\n"
@@ -24,10 +32,7 @@ def test_the_app_loads_no_planning_work() -> None:
         "app.openapi()\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = json.loads(_last_line(code))
     assert [m for m in HEAVY_LIBRARIES if m in loaded] == []
     planning = [f"tagplan.planner.{p}" for p in PLANNING_PACKAGES] + ["tagplan.gnn"]
     assert [m for m in loaded if m.startswith(tuple(planning))] == []
@@ -46,7 +51,4 @@ def test_the_app_builds_without_torch() -> None:
         "create_app().openapi()\n"
         "print(shipped_prior())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.strip().splitlines()[-1] == shipped_prior_name()
+    assert _last_line(code) == shipped_prior_name()
