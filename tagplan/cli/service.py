@@ -107,7 +107,12 @@ def format_summary(job: dict[str, Any], result: dict[str, Any] | None) -> str:
     lines += [
         f"  predicted step time  {result['step_time_s'] * ms:.3f} ms"
         + (f"  ({speedup:.2f}x the best data-parallel baseline, {best})" if speedup else ""),
-        f"  lower bound          {result['lower_bound_s'] * ms:.3f} ms",
+        f"  lower bound          {result['lower_bound_s'] * ms:.3f} ms"
+        + (
+            f" ({result['comm_bound_s'] * ms:.3f} ms counting communication)"
+            if result.get("comm_bound_s")
+            else ""
+        ),
         f"  chosen from          {result.get('chosen_from', 'search')}"
         + (f" (the plan of job {result['cached_from']})" if result.get("cached_from") else "")
         + ("  [incomplete: answered at the deadline]" if not result.get("complete", True) else ""),

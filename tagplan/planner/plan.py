@@ -62,6 +62,7 @@ from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
+from tagplan.planner.search.comm_bound import comm_bound
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops, grouping_of
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
@@ -205,6 +206,26 @@ class Planner:
             bound = lower_bound(self.ir, self.cluster, self.evaluator.costs)
             self._lower_bound_s = bound.step_time_s
         return self._lower_bound_s
+
+    def _comm_bound_s(self) -> float | None:
+        """The bound counting communication over the search's actions
+        (:func:`~.search.comm_bound.comm_bound`), solved in the time the budget has left;
+        ``None`` (phase ``bound`` skipped) when that is not enough."""
+        self._enter("bound")
+        left_s = self.deadline.left_s()
+        bound = None
+        if left_s > 0:
+            bound = comm_bound(
+                self.ir,
+                self.cluster,
+                self.evaluator.costs,
+                self.grouping.op_group,
+                self.space,
+                time_limit_s=left_s,
+            )
+        if bound is None:
+            self._mark("bound", "skipped", "the budget ran out before its LP was solved")
+        return None if bound is None else bound.step_time_s
 
     # phases ---------------------------------------------------------------------------
 
@@ -394,6 +415,7 @@ class Planner:
         distributed = None
         if graph_def is not None:
             distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
+        comm_bound_s = self._comm_bound_s()
         self._leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
         return PlanResult(
@@ -401,6 +423,7 @@ class Planner:
             evaluation=evaluation,
             baselines=baselines,
             lower_bound_s=self.lower_bound_s(),
+            comm_bound_s=comm_bound_s,
             chosen_from=chosen_from,
             plan_time_s=self._elapsed_s(),
             iterations=sum(o.iterations for o in outcomes),

@@ -51,6 +51,7 @@ def replay_plan(
         evaluation=evaluation,
         baselines=dict(cached["baselines"]),
         lower_bound_s=float(cached["lower_bound_s"]),
+        comm_bound_s=cached.get("comm_bound_s"),
         chosen_from="cache",
         plan_time_s=time.time() - started,
         iterations=0,

@@ -6,6 +6,7 @@ renders stored plans without loading the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["report_markdown"]
@@ -36,7 +37,8 @@ def report_markdown(summary: dict[str, Any], title: str = "tagplan plan") -> str
         f"# {title}",
         "",
         f"Predicted step: **{ms(step)} ms** (chosen from: {summary['chosen_from']}){headline}; "
-        f"lower bound {ms(bound)} ms; planned in {summary['plan_time_s']:.1f} s over "
+        f"lower bound {ms(bound)} ms{_comm_bound_text(summary, ms)}; "
+        f"planned in {summary['plan_time_s']:.1f} s over "
         f"{summary['iterations']} search iterations (search stopped: {summary['stop_reason']}; "
         f"prior: {summary.get('prior', 'uniform')}).",
         *(
@@ -52,6 +54,9 @@ def report_markdown(summary: dict[str, Any], title: str = "tagplan plan") -> str
         ratio = "" if seconds is None else f"{seconds / step:.2f}x"
         lines.append(f"| {name} | {ms(seconds)} | {ratio} |")
     lines.append(f"| lower bound | {ms(bound)} | {bound / step:.2f}x |")
+    if summary.get("comm_bound_s"):
+        comm = summary["comm_bound_s"]
+        lines.append(f"| lower bound counting communication | {ms(comm)} | {comm / step:.2f}x |")
     lines += ["", "| GPU | peak memory (GiB) | busy |", "| --- | ---: | ---: |"]
     busy = summary.get("device_busy_fraction", {})
     for name, peak in summary["peak_memory_bytes"].items():
@@ -65,3 +70,9 @@ def report_markdown(summary: dict[str, Any], title: str = "tagplan plan") -> str
         ]
     lines += ["", f"Estimated inputs: {summary['estimated']}", ""]
     return "\n".join(lines)
+
+
+def _comm_bound_text(summary: dict[str, Any], ms: Callable[[float | None], str]) -> str:
+    """``, counting communication X ms`` when the plan has that bound."""
+    bound = summary.get("comm_bound_s")
+    return f" ({ms(bound)} ms counting communication)" if bound else ""

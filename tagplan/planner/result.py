@@ -37,6 +37,10 @@ class PlanResult:
     ``baselines`` maps each baseline to its simulated step in seconds, ``None`` when it
     runs out of memory. ``chosen_from`` is ``"search"`` when the tree search found the
     strategy, else the name of the baseline that no strategy the search saw could beat.
+    ``lower_bound_s`` is the step no strategy beats with free communication
+    (:mod:`~.search.lower_bound`); ``comm_bound_s`` the step no strategy of the search's
+    candidate actions beats counting communication (:mod:`~.search.comm_bound`), ``None``
+    when the budget left no time to solve it.
     ``estimated`` says which inputs were analytic estimates rather than measurements.
     ``phases`` gives each phase's status (``done``, ``truncated``, ``skipped``), wall time
     and note (:class:`~tagplan.planner.budget.PhaseReport`); ``stop_reason`` why the
@@ -60,6 +64,7 @@ class PlanResult:
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     stop_reason: str = "budget"
     prior: str = "uniform"
+    comm_bound_s: float | None = None
 
     @property
     def phase_seconds(self) -> dict[str, float]:
@@ -116,6 +121,10 @@ class PlanResult:
             "speedup_vs_best_data_parallel": self.speedup_vs_best_data_parallel,
             "ratio_to_lower_bound": self.step_time_s / self.lower_bound_s
             if self.lower_bound_s > 0
+            else None,
+            "comm_bound_s": self.comm_bound_s,
+            "ratio_to_comm_bound": self.step_time_s / self.comm_bound_s
+            if self.comm_bound_s
             else None,
             "chosen_from": self.chosen_from,
             "plan_time_s": self.plan_time_s,

@@ -48,6 +48,7 @@ __all__ = [
     "Option",
     "ResolvedStrategy",
     "Strategy",
+    "decision_replicas",
     "layer_ops",
     "load_strategy",
     "resolve",
@@ -247,6 +248,13 @@ def _replicas(
         raise InvalidInput(f"{where}: no replicas left")
     replica_weight = np.array([weights[d] / counts[d] for d in replica_device])
     return np.array(replica_device, dtype=np.int32), replica_weight / replica_weight.sum()
+
+
+def decision_replicas(decision: GroupDecision, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """The replica GPUs of ``decision`` and their shares of the batch (summing to 1), as
+    :func:`resolve` gives them to its group."""
+    devices = _group_devices(decision, cluster, "decision")
+    return _replicas(decision, devices, _device_indices(cluster), "decision")
 
 
 def _model_parallel_placement(

@@ -259,6 +259,10 @@ class ResultPublic(BaseModel):
     step_time_s: float
     baselines: dict[str, float | None]
     lower_bound_s: float
+    comm_bound_s: float | None = Field(
+        default=None,
+        description="the step no strategy of the search's actions beats, counting communication",
+    )
     speedup_vs_dp_nccl: float | None
     best_data_parallel: str | None = Field(
         default=None, description="the fastest data-parallel baseline that fits"

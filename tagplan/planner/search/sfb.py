@@ -39,7 +39,7 @@ from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, Strategy, resolve
 from tagplan.planner.topology import Cluster
 
-__all__ = ["SfbDecision", "apply_sfb", "solve_sfb"]
+__all__ = ["SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class SfbDecision:
     applied: bool = False  # the strategy apply_sfb returns duplicates these ops
 
 
-def _neighbourhood(
+def neighbourhood(
     ir: GraphIR, gradient_op: int, depth: int, allowed: np.ndarray | None = None
 ) -> list[int]:
     """Ancestors of the gradient's producer within ``depth`` data edges (and itself),
@@ -104,7 +104,7 @@ def solve_sfb(
         params.gradient_tensor[parameter] if synchronized_tensor is None else synchronized_tensor
     )
     g = int(ir.tensor_producer[gradient])
-    ops = _neighbourhood(ir, g, depth, allowed)
+    ops = neighbourhood(ir, g, depth, allowed)
     inside = set(ops)
     d, tau = replicas, bandwidth_bytes_per_s
     problem = pulp.LpProblem("sfb", pulp.LpMinimize)
