@@ -89,7 +89,7 @@ __all__ = [
     "plan",
 ]
 
-PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile")
+PHASES = ("analyze", "group", "baselines", "search", "sfb", "compile", "bound")
 REFERENCE = "dp-nccl"
 # baselines that spread memory, tried when nothing else fits and the budget skipped them
 _MEMORY_SPREADING = ("dp-ps", "m-topo")

@@ -388,7 +388,7 @@ def _store_result(
     return True
 
 
-FINISH_PHASES = frozenset({"sfb", "compile"})
+FINISH_PHASES = frozenset({"sfb", "compile", "bound"})
 
 
 def _planner(inputs: JobInputs, monitor: JobMonitor) -> Any:

@@ -41,6 +41,9 @@ def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None
     assert result.speedup_vs_best_data_parallel == pytest.approx(best[0] / result.step_time_s)
     assert "the best data-parallel baseline" in result.report_markdown()
     assert 0 < result.lower_bound_s <= result.step_time_s
+    assert result.comm_bound_s is not None and result.comm_bound_s >= result.lower_bound_s
+    if result.chosen_from == "search":  # a strategy of the search's actions
+        assert result.comm_bound_s <= result.step_time_s
     assert result.iterations == 30
     # phases in order, each reported
     order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
