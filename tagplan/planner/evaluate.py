@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
+
+from tagplan.planner.compile.symmetry import Symmetry
 from tagplan.planner.compile.task_compiler import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
@@ -31,7 +34,13 @@ class Evaluation:
 
 class Evaluator:
     """Everything fixed for one (graph, cluster) pair: cost and communication models, and
-    the task compiler that keeps what strategies share (see :class:`TaskCompiler`)."""
+    the task compiler that keeps what strategies share (see :class:`TaskCompiler`).
+
+    ``by_class`` (the default) compiles and simulates each symmetry class of GPUs once
+    (:mod:`~tagplan.planner.compile.symmetry`): the same step, per-GPU memory and OOM as
+    per GPU, at a cost that grows with the classes rather than the GPUs; the task graph
+    then has tasks on the classes' first GPUs only, so a timeline wants ``by_class=False``.
+    """
 
     def __init__(
         self,
@@ -42,6 +51,7 @@ class Evaluator:
         comm: CommModel | None = None,
         use_priority: bool = False,
         reserve_bytes: int = FRAMEWORK_RESERVE_BYTES,
+        by_class: bool = True,
     ) -> None:
         self.ir, self.cluster = ir, cluster
         self.costs = costs or OpCostModel(ir, cluster)
@@ -49,10 +59,14 @@ class Evaluator:
         self.compiler = TaskCompiler(ir, cluster, costs=self.costs, comm=self.comm)
         self.use_priority = use_priority
         self.reserve_bytes = reserve_bytes
+        self.by_class = by_class
 
-    def evaluate(self, strategy: Strategy) -> Evaluation:
+    def evaluate(self, strategy: Strategy, *, by_class: bool | None = None) -> Evaluation:
+        """Resolve, compile and simulate ``strategy`` (``by_class`` overrides the
+        evaluator's choice for this one)."""
         resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
-        compiled = self.compiler.compile(resolved)
+        classes = self.by_class if by_class is None else by_class
+        compiled = self.compiler.compile(resolved, by_class=classes)
         graph = compiled.task_graph
         if self.use_priority:
             graph.task_priority[:] = upward_rank(graph)
@@ -62,7 +76,26 @@ class Evaluator:
             reserve_bytes=self.reserve_bytes,
             use_priority=self.use_priority,
         )
+        if compiled.symmetry is not None:
+            result = _per_device(result, compiled.symmetry, graph.num_devices)
         return Evaluation(strategy, resolved, compiled, result)
+
+
+def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimResult:
+    """A simulation by class with every GPU's figures (memory, busy time, its ports) taken
+    from its class's first GPU; machine links and the schedule are as simulated."""
+    ports = np.concatenate([symmetry.representative, num_devices + symmetry.representative])
+    links = np.arange(len(result.link_busy_s))
+    links[: 2 * num_devices] = ports
+    return replace(
+        result,
+        device_busy_s=symmetry.per_device(result.device_busy_s),
+        device_idle_fraction=symmetry.per_device(result.device_idle_fraction),
+        link_busy_s=result.link_busy_s[links],
+        link_idle_fraction=result.link_idle_fraction[links],
+        peak_memory_bytes=symmetry.per_device(result.peak_memory_bytes),
+        overflow_bytes=symmetry.per_device(result.overflow_bytes),
+    )
 
 
 _WARM_CLUSTER = {

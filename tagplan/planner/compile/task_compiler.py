@@ -40,8 +40,14 @@ from typing import NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
-from tagplan.planner.compile.links import LinkLayout, latency_part_s, ring_bytes_per_link
+from tagplan.planner.compile.links import (
+    LinkLayout,
+    Route,
+    latency_part_s,
+    ring_bytes_per_link,
+)
 from tagplan.planner.compile.placement import Placement, place, sums_partials
+from tagplan.planner.compile.symmetry import Asymmetric, Symmetry, symmetry_classes
 from tagplan.planner.compile.task_builder import TaskBuilder
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
@@ -59,7 +65,12 @@ _KIND_OF_AGGREGATION = {Aggregation.SUM: _SUM, Aggregation.MEAN: _MEAN, Aggregat
 
 
 class _Copy(NamedTuple):
-    """One available piece of a tensor: where, which rows, what kind, made by which task."""
+    """One available piece of a tensor: where, which rows, what kind, made by which task.
+
+    Compiled by symmetry class (:mod:`.symmetry`), a copy on a representative is every
+    member's: a piece (slice, partial, per-replica value) covers the class's rows, each
+    member holding its own share of them; ``count`` pieces gathered from a class arrive
+    at each member as one buffer."""
 
     device: int
     lo: int
@@ -67,6 +78,7 @@ class _Copy(NamedTuple):
     kind: int
     task: int
     buffer: int
+    count: int = 1
 
 
 class _Collective(NamedTuple):
@@ -88,6 +100,7 @@ class CompiledTasks:
     placement: Placement
     instance_task: np.ndarray  # int32: compute task of each op instance
     measured_fraction: float  # share of compute time from profiles
+    symmetry: Symmetry | None = None  # compiled by class: per-device results expand
 
 
 def _csr_lists(ptr: np.ndarray, index: np.ndarray) -> list[list[int]]:
@@ -168,10 +181,22 @@ class TaskCompiler:
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
 
-    def compile(self, resolved: ResolvedStrategy) -> CompiledTasks:
-        """The task graph of one resolved strategy."""
+    def compile(self, resolved: ResolvedStrategy, *, by_class: bool = False) -> CompiledTasks:
+        """The task graph of one resolved strategy; ``by_class`` compiles each symmetry
+        class of GPUs once (:mod:`.symmetry`) where the strategy has classes and no rule
+        singles out a member, else per GPU."""
+        placement = place(self.ir, resolved)
         with _collector_paused():
-            return _TaskGraphCompilation(self, resolved).compile()
+            if by_class:
+                symmetry = symmetry_classes(placement, self.cluster)
+                if symmetry is not None:
+                    try:
+                        return _TaskGraphCompilation(
+                            self, resolved, symmetry.placement, symmetry
+                        ).compile()
+                    except Asymmetric:
+                        pass
+            return _TaskGraphCompilation(self, resolved, placement).compile()
 
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
@@ -216,10 +241,18 @@ class _TaskGraphCompilation:
     """The rewrite rules applied to one strategy; ``fixed`` holds what the strategy does
     not change."""
 
-    def __init__(self, fixed: TaskCompiler, resolved: ResolvedStrategy) -> None:
+    def __init__(
+        self,
+        fixed: TaskCompiler,
+        resolved: ResolvedStrategy,
+        placement: Placement,
+        symmetry: Symmetry | None = None,
+    ) -> None:
         self.fixed, self.resolved = fixed, resolved
         self.batch = fixed.ir.batch_size
-        self.placement = placement = place(fixed.ir, resolved)
+        self.placement, self.symmetry = placement, symmetry
+        num_devices = fixed.cluster.num_devices
+        self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
         self.op_group = resolved.op_group.tolist()
         self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
         self.op_adds_partials = (
@@ -240,18 +273,49 @@ class _TaskGraphCompilation:
         self.collectives: list[_Collective] = []
 
     # tensors -----------------------------------------------------------------------------
-    def _bytes(self, tensor: int, lo: int, hi: int, *, memory: bool = False) -> int:
+    def _bytes(
+        self, tensor: int, lo: int, hi: int, *, memory: bool = False, members: int = 1
+    ) -> int:
+        """Bytes of rows ``[lo, hi)`` of ``tensor``, held by each of ``members`` GPUs in
+        equal shares."""
         fixed = self.fixed
         full = (fixed.tensor_memory_bytes if memory else fixed.tensor_bytes)[tensor]
         if not fixed.tensor_carries[tensor]:
             return full
-        return round(full * (hi - lo) / self.batch)
+        return round(full * ((hi - lo) // members) / self.batch)
+
+    def _piece_members(self, copy: _Copy) -> int:
+        """How many GPUs share the rows of ``copy`` (1 for a whole tensor)."""
+        return 1 if copy.kind == _FULL else self.members[copy.device]
+
+    def _flows(self, copy: _Copy, dst: int) -> tuple[int, int]:
+        """Flows per sending and per receiving GPU when the classes of ``copy`` and
+        ``dst`` exchange it (:mod:`.symmetry`): a whole copy from one GPU to each member;
+        each member's piece to one GPU; or member to member between classes with the same
+        rows. Anything else singles out a member."""
+        senders, receivers = self.members[copy.device], self.members[dst]
+        if copy.kind == _FULL:
+            if senders > 1:
+                raise Asymmetric("a whole copy fetched from one member of a class")
+            return receivers, 1
+        if receivers == 1:
+            return 1, senders
+        if senders == receivers:
+            return 1, 1
+        raise Asymmetric("pieces between classes of different sizes")
 
     def _transfer(self, tensor: int, copy: _Copy, dst: int, group: int) -> _Copy:
         fixed = self.fixed
-        nbytes = self._bytes(tensor, copy.lo, copy.hi)
+        members = self._piece_members(copy)
+        nbytes = self._bytes(tensor, copy.lo, copy.hi, members=members)
         seconds = fixed.p2p_seconds(copy.device, dst, nbytes)
         route = fixed.links.path(copy.device, dst)
+        shares = route.shares
+        per_sender, per_receiver = self._flows(copy, dst)
+        flows = per_sender * self.members[copy.device]  # over each network link
+        if flows > 1:
+            shares = [shares[0] * per_sender, shares[1] * per_receiver]
+            shares += [share * flows for share in route.shares[2:]]
         task = self.out.task(
             TRANSFER,
             -1,
@@ -260,13 +324,14 @@ class _TaskGraphCompilation:
             f"send {fixed.tensor_names[tensor]}[{copy.lo}:{copy.hi}] -> {fixed.device_names[dst]}",
             nbytes=nbytes,
             links=route.links,
-            shares=route.shares,
+            shares=shares,
             latency_s=latency_part_s(seconds, nbytes / route.rate_bytes_per_s),
         )
         self.out.read(copy, task)
-        buffer = self.out.buffer(dst, self._bytes(tensor, copy.lo, copy.hi, memory=True), task)
-        moved = _Copy(dst, copy.lo, copy.hi, copy.kind, task, buffer)
-        if copy.kind in (_FULL, _SLICE):
+        memory = self._bytes(tensor, copy.lo, copy.hi, memory=True, members=members)
+        buffer = self.out.buffer(dst, memory * per_receiver, task)
+        moved = _Copy(dst, copy.lo, copy.hi, copy.kind, task, buffer, per_receiver)
+        if copy.kind in (_FULL, _SLICE) and per_receiver == 1:
             self.cache[(tensor, dst, copy.lo, copy.hi)] = moved
         return moved
 
@@ -299,6 +364,8 @@ class _TaskGraphCompilation:
         partial = [c for c in copies if c.kind in (_SUM, _MEAN)]
         if partial:
             return self._reduce(tensor, partial, device, group, reader)
+        if self.members[device] > 1:  # its first member would gather, the rest copy
+            raise Asymmetric("a class gathers a split tensor")
         pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
         local = [self._local(tensor, piece, device, group) for piece in pieces]
         nbytes = self._bytes(tensor, 0, batch)
@@ -332,16 +399,19 @@ class _TaskGraphCompilation:
             # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
             self._allreduce(tensor, partial, members, group, reader)
             return self._full(tensor, device, group, reader)
+        if self.members[device] > 1:
+            raise Asymmetric("a class adds up partial sums")
         local = [self._transfer_partial(tensor, piece, device, group) for piece in partial]
         return self._keep(tensor, self._add(tensor, local, device, group, _FULL))
 
     def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
         """An ``AddN`` on ``device`` of pieces already there."""
         batch = self.batch
+        count = sum(piece.count for piece in pieces)
         task = self.out.task(
             COMPUTE,
             device,
-            self.fixed.aux_seconds(device, (len(pieces) + 1) * self._bytes(tensor, 0, batch)),
+            self.fixed.aux_seconds(device, (count + 1) * self._bytes(tensor, 0, batch)),
             group,
             f"addn {self.fixed.tensor_names[tensor]} on {self.fixed.device_names[device]}",
         )
@@ -373,27 +443,47 @@ class _TaskGraphCompilation:
             inputs.append(
                 local[0] if len(local) == 1 else self._add(tensor, local, member, group, _SUM)
             )
-        seconds = fixed.allreduce_seconds(members, nbytes, name)
-        route = fixed.links.ring(members)
+        ring = self._ring_members(members)
+        seconds = fixed.allreduce_seconds(ring, nbytes, name)
+        route = self._ring_route(ring)
         task = self.out.task(
             COLLECTIVE,
             -1,
             seconds,
             group,
-            f"allreduce {fixed.tensor_names[tensor]} over {len(members)} GPUs",
+            f"allreduce {fixed.tensor_names[tensor]} over {len(ring)} GPUs",
             nbytes=nbytes,
             links=route.links,
             shares=route.shares,
-            latency_s=_ring_latency_s(seconds, members, nbytes, route.rate_bytes_per_s),
+            latency_s=_ring_latency_s(seconds, ring, nbytes, route.rate_bytes_per_s),
         )
         for piece in inputs:
             self.out.read(piece, task)
         if tensor in fixed.gradients:  # gradient sync modes apply to these alone
             waits = frozenset(piece.task for piece in inputs)
-            self.collectives.append(_Collective(task, reader_group, nbytes, members, name, waits))
+            self.collectives.append(_Collective(task, reader_group, nbytes, ring, name, waits))
         for member in members:
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
             self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))
+
+    def _ring_members(self, members: tuple[int, ...]) -> tuple[int, ...]:
+        """The GPUs of a ring over ``members`` (representatives stand for their class)."""
+        return members if self.symmetry is None else self.symmetry.expand(members)
+
+    def _ring_route(self, ring: tuple[int, ...]) -> Route:
+        """The ring's route with each GPU's ports as its representative's: every member's
+        port carries the ring once, as the representative's does."""
+        route = self.fixed.links.ring(ring)
+        if self.symmetry is None:
+            return route
+        num_devices = self.fixed.cluster.num_devices
+        rep = self.symmetry.representative
+        links: dict[int, float] = {}
+        for link, share in zip(route.links, route.shares, strict=True):
+            if link < 2 * num_devices:  # a port: out (d) or in (D + d)
+                link = int(rep[link % num_devices]) + (link // num_devices) * num_devices
+            links.setdefault(link, share)
+        return Route(list(links), list(links.values()), route.rate_bytes_per_s)
 
     def _slice(self, tensor: int, device: int, lo: int, hi: int, group: int, reader: int) -> _Copy:
         """Rows ``[lo, hi)`` of a batch tensor on ``device`` (Split, transfers)."""
@@ -405,8 +495,10 @@ class _TaskGraphCompilation:
             return self._local(tensor, self._closest(exact, device), device, group)
         whole_here = self.cache.get((tensor, device, 0, self.batch))
         source = device if whole_here is not None else self._hub(tensor)
+        if source != device and self.members[device] > 1:  # one Split per member, in turn
+            raise Asymmetric("a hub splits a tensor for the members of a class")
         whole = self._full(tensor, source, group, reader)
-        nbytes = self._bytes(tensor, lo, hi)
+        nbytes = self._bytes(tensor, lo, hi, members=self.members[device])
         task = self.out.task(
             COMPUTE,
             source,
@@ -416,7 +508,8 @@ class _TaskGraphCompilation:
             f"{self.fixed.device_names[source]}",
         )
         self.out.read(whole, task)
-        buffer = self.out.buffer(source, self._bytes(tensor, lo, hi, memory=True), task)
+        memory = self._bytes(tensor, lo, hi, memory=True, members=self.members[device])
+        buffer = self.out.buffer(source, memory, task)
         piece = _Copy(source, lo, hi, _SLICE, task, buffer)
         self.cache[(tensor, source, lo, hi)] = piece
         return self._local(tensor, piece, device, group)
@@ -435,7 +528,10 @@ class _TaskGraphCompilation:
     def _hub(self, tensor: int) -> int:
         """Where a whole copy is made before splitting: the first producing GPU."""
         whole = [c for c in self.copies[tensor] if c.kind == _FULL]
-        return (whole or self.copies[tensor])[0].device
+        hub = (whole or self.copies[tensor])[0].device
+        if self.members[hub] > 1:
+            raise Asymmetric("the hub is a member of a class")
+        return hub
 
     def _schedule_collectives(self) -> None:
         """Apply each group's gradient-sync mode to its AllReduces (see GradientSync):
@@ -459,7 +555,7 @@ class _TaskGraphCompilation:
         AllReduce of the bucket's bytes."""
         total = bucket.nbytes
         fused = self.fixed.allreduce_seconds(bucket.members, total, collectives[0].algorithm)
-        rate = self.fixed.links.ring(bucket.members).rate_bytes_per_s
+        rate = self._ring_route(bucket.members).rate_bytes_per_s
         for c in collectives:
             seconds = fused * c.nbytes / total if total else 0.0
             self.out.duration[c.task] = seconds
@@ -477,11 +573,14 @@ class _TaskGraphCompilation:
         rows = zip(devices, self.inst_lo[start:stop], self.inst_hi[start:stop], strict=True)
         durations = []
         compute_s, measured_s = self.compute_s, self.measured_s  # summed in instance order
+        members = self.members if self.op_split[op] else None
         for device, lo, hi in rows:
-            seconds, measured = fixed.op_times(device, max(hi - lo, 1))
+            share = 1 if members is None else members[device]
+            seconds, measured = fixed.op_times(device, max((hi - lo) // share, 1))
             durations.append(seconds[op])
-            compute_s += seconds[op]
-            measured_s += seconds[op] if measured[op] else 0.0
+            copies = self.members[device]  # the tasks this one stands for
+            compute_s += seconds[op] * copies
+            measured_s += seconds[op] * copies if measured[op] else 0.0
         self.compute_s, self.measured_s = compute_s, measured_s
         names = fixed.instance_names(op, start - self.inst_ptr[op], len(instances))
         tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
@@ -556,11 +655,15 @@ class _TaskGraphCompilation:
             tasks,
             strict=True,
         )
+        members = self.members
         for device, lo, hi, task in rows:
+            share = members[device] if split else 1
             for tensor, split_kind in outputs:
-                full_rows = split_kind == _FULL or (split_kind == _SLICE and hi - lo == batch)
+                full_rows = split_kind == _FULL or (
+                    split_kind == _SLICE and (hi - lo) // share == batch
+                )
                 kind, lo_t, hi_t = (_FULL, 0, batch) if full_rows else (split_kind, lo, hi)
-                nbytes = self._bytes(tensor, lo_t, hi_t, memory=True)
+                nbytes = self._bytes(tensor, lo_t, hi_t, memory=True, members=share)
                 copy = _Copy(device, lo_t, hi_t, kind, task, out.buffer(device, nbytes, task))
                 self.copies[tensor].append(copy)
                 if kind in (_FULL, _SLICE):
@@ -597,7 +700,10 @@ class _TaskGraphCompilation:
         them finishes: the same schedule with ``p + s`` edges.
         """
         ir, ptr = self.fixed.ir, self.placement.inst_ptr.astype(np.int64)
-        count = np.diff(ptr)
+        # counted per GPU, so that a graph compiled by class gates the same ops
+        members = np.asarray(self.members, dtype=np.int64)[self.placement.inst_device]
+        op_of = np.repeat(np.arange(ir.num_ops), np.diff(ptr))
+        count = np.bincount(op_of, weights=members, minlength=ir.num_ops).astype(np.int64)
         succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
         pred_op = ir.control_pred.astype(np.int64)
         waited = np.bincount(succ_op, weights=count[pred_op], minlength=ir.num_ops)
@@ -610,7 +716,7 @@ class _TaskGraphCompilation:
                 TRANSFER, -1, 0.0, self.op_group[op], f"{ir.op_names[op]}/control_barrier"
             )
             waits = np.concatenate([np.arange(ptr[p], ptr[p + 1]) for p in ir.control_preds(op)])
-            preds += [instance_task[waits], np.full(count[op], barrier)]
+            preds += [instance_task[waits], np.full(ptr[op + 1] - ptr[op], barrier)]
             succs += [np.full(len(waits), barrier), instance_task[ptr[op] : ptr[op + 1]]]
         return np.concatenate(preds).astype(np.int64), np.concatenate(succs).astype(np.int64)
 
@@ -637,7 +743,7 @@ class _TaskGraphCompilation:
             self._control_edges(instance_task),
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
-        return CompiledTasks(graph, self.placement, instance_task, measured)
+        return CompiledTasks(graph, self.placement, instance_task, measured, self.symmetry)
 
 
 def _all_pairs(

@@ -15,7 +15,9 @@ optimizer slots) are resident for the whole step.
 Links are resources of the cluster the compiler chose to model (e.g. each device's port
 into its machine's interconnect, each machine's network uplink and downlink); a
 communication task lists the links it crosses, each with its *share*: the fraction of
-that link's bandwidth the task uses when it runs uncontended (1 on its bottleneck). Its
+that link's bandwidth the task uses when it runs uncontended (1 on its bottleneck; above 1
+when the task stands for several equal flows, as one compiled for a class of symmetric
+GPUs does, :mod:`~tagplan.planner.compile.symmetry`). Its
 duration splits into a latency part (``task_latency_s``) and a bandwidth part, the rest.
 Concurrent tasks share a link's bandwidth, each slowed by the contention on its links
 (:mod:`~tagplan.planner.sim.engine`). Compute tasks list no links.
@@ -61,7 +63,7 @@ class TaskGraph:
     task_latency_s: np.ndarray  # float64: latency part of a duration (0 for compute)
     link_ptr: np.ndarray  # int32 CSR over link_index: links used by each task
     link_index: np.ndarray  # int32
-    link_share: np.ndarray  # float64 in (0, 1], per link_index entry: bandwidth share
+    link_share: np.ndarray  # float64 > 0, per link_index entry: bandwidth share
     succ_ptr: np.ndarray  # int32 CSR over succ_index: tasks that wait for each task
     succ_index: np.ndarray  # int32
     buffer_device: np.ndarray  # int32
@@ -108,8 +110,8 @@ class TaskGraph:
             raise InvalidInput("task graph: a link index is out of range")
         if len(self.link_share) != len(self.link_index):
             raise InvalidInput("task graph: link_share needs one entry per link_index entry")
-        if not ((self.link_share > 0) & (self.link_share <= 1)).all():
-            raise InvalidInput("task graph: link shares must lie in (0, 1]")
+        if not ((self.link_share > 0) & np.isfinite(self.link_share)).all():
+            raise InvalidInput("task graph: link shares must be positive and finite")
         if (compute & (np.diff(self.link_ptr) > 0)).any():
             raise InvalidInput("task graph: a compute task lists links")
         latency = self.task_latency_s

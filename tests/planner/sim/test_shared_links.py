@@ -50,6 +50,15 @@ class TestSharingRule:
         np.testing.assert_allclose(result.finish_s, [4.0, 5.0])
         np.testing.assert_allclose(result.link_busy_s, [5.0])
 
+    def test_a_share_of_k_stands_for_k_equal_flows(self) -> None:
+        # three equal flows beside a fourth on link 0, then one flow of three times the share
+        equal = [transfer([0, 1], 2.0, shares=[0.5, 1.0]) for _ in range(3)]
+        other = transfer([0], 1.0, shares=[1.0])
+        apart = simulate(build([*equal, other], num_links=2))
+        joined = simulate(build([transfer([0, 1], 2.0, shares=[1.5, 3.0]), other], num_links=2))
+        np.testing.assert_allclose(joined.finish_s, apart.finish_s[[0, 3]], rtol=1e-12)
+        np.testing.assert_allclose(joined.link_busy_s, apart.link_busy_s, rtol=1e-12)
+
     def test_max_min_fair_with_two_bottlenecks(self) -> None:
         # Link 1 carries B, C, D (a third each); A takes the two thirds B leaves on link 0.
         tasks = [transfer([0], 3.0), transfer([0, 1], 3.0), transfer([1], 3.0), transfer([1], 3.0)]

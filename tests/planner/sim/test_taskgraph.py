@@ -28,7 +28,7 @@ def test_compute_task_without_device_raises() -> None:
 @pytest.mark.parametrize(
     ("task", "match"),
     [
-        (transfer([0], 1.0, shares=[1.5]), "shares"),
+        (transfer([0], 1.0, shares=[float("inf")]), "shares"),
         (transfer([0], 1.0, shares=[0.0]), "shares"),
         (transfer([0], 1.0, latency_s=2.0), "latencies"),
     ],

@@ -1,0 +1,154 @@
+"""Symmetry classes: GPUs a strategy treats alike, compiled and simulated once.
+
+A search's strategies choose *device groups* (the GPUs of one type on one machine), and
+replicas inside a group get equal shares of the batch, so most GPUs of a group run the
+same op instances on the same number of rows, send the same bytes over the same kinds of
+link and hold the same memory. :func:`symmetry_classes` partitions every device group
+into classes of consecutive GPUs whose instances are alike (the same ops, the same local
+batch); a GPU singled out by the strategy — the first GPU of a group's placement, which
+runs its ops that need the whole batch, a parameter server, a model-parallel placement,
+a different share — is a class of its own. The *quotient placement* keeps one instance
+per class on its first GPU, the representative, covering the class's rows.
+
+The task compiler (:mod:`.task_compiler`) compiles the quotient placement with each
+representative standing for its class's ``m`` members: a compute task for ``m`` tasks of
+equal duration on ``m`` GPUs; a transfer for the transfers of all members, whose share of
+each link is multiplied by the flows that cross one instance of it (``m`` flows into a
+parameter server's port, ``m`` flows over a machine's uplink); a collective with its time
+and links over every member; a buffer for each member's. **Why the result equals the
+per-GPU simulation**: the per-GPU task graph is invariant under permuting the members of
+a class, so members' tasks become ready together and run the same durations; the
+simulator's max-min fair link sharing gives flows that cross the same links at the same
+share the same speed, and ``k`` equal flows on a link load it exactly as one flow with
+``k`` times the share (:mod:`~tagplan.planner.sim.engine` already counts flows of one
+route so), so every member's tasks start and finish when the representative's do, and each
+member's memory follows the representative's. Step time, per-GPU peak memory and OOM are
+equal (up to the order of floating-point sums).
+
+The invariance holds for the compiler's rules only while no rule singles out one member:
+a whole copy held by every member of a class and fetched from its first (the copy the
+closest rule picks), a hub that is a member of a class, a class gathering slices whose
+first member would then hand the whole tensor to the rest, replicas reading rows laid out
+differently. The compiler raises :class:`Asymmetric` there and the evaluator compiles the
+strategy per GPU instead (:class:`~tagplan.planner.evaluate.Evaluator`), which stays the
+reference (``by_class=False``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tagplan.planner.compile.placement import Placement
+from tagplan.planner.strategy import Mode
+from tagplan.planner.topology import Cluster
+
+__all__ = ["Asymmetric", "Symmetry", "symmetry_classes"]
+
+
+class Asymmetric(Exception):
+    """A compile rule singles out one member of a symmetry class: compile per GPU."""
+
+
+@dataclass(frozen=True, eq=False)
+class Symmetry:
+    """The classes of one placement: ``representative[d]`` is the first GPU of ``d``'s
+    class, ``members[r]`` the size of the class a representative ``r`` stands for (1 for
+    every other GPU), and ``placement`` the quotient placement."""
+
+    representative: np.ndarray  # int32 per device
+    members: np.ndarray  # int32 per device
+    placement: Placement
+
+    def expand(self, devices: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+        """Every GPU of the classes of ``devices`` (representatives), in device order."""
+        wanted = np.isin(self.representative, np.asarray(devices, dtype=np.int32))
+        return tuple(np.flatnonzero(wanted).tolist())
+
+    def per_device(self, values: np.ndarray) -> np.ndarray:
+        """A per-device array of the quotient simulation, each GPU taking its
+        representative's value."""
+        return values[self.representative]
+
+
+def _device_signatures(placement: Placement, num_devices: int) -> np.ndarray:
+    """A 64-bit hash per device of the multiset of (op, local batch) instances on it."""
+    counts = np.diff(placement.inst_ptr)
+    op_of = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
+    rows = (placement.inst_hi - placement.inst_lo).astype(np.uint64)
+    key = op_of * np.uint64(1_000_003) + rows
+    # splitmix64: a well-mixed hash per instance; a sum of them hashes the multiset
+    key = (key + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+    key ^= key >> np.uint64(27)
+    key *= np.uint64(0x94D049BB133111EB)
+    key ^= key >> np.uint64(31)
+    signature = np.zeros(num_devices, dtype=np.uint64)
+    np.add.at(signature, placement.inst_device, key)
+    return signature
+
+
+def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:
+    """The classes of ``placement`` and its quotient placement (module docstring), or
+    ``None`` when no class has two GPUs or an op's instances do not cover a class as one
+    contiguous run of rows."""
+    num_devices = cluster.num_devices
+    signature = _device_signatures(placement, num_devices)
+    representative = np.arange(num_devices, dtype=np.int32)
+    group_of = np.empty(num_devices, dtype=np.int64)
+    for g in range(cluster.num_groups):
+        group_of[cluster.group_devices(g)] = g
+    for d in range(1, num_devices):
+        if group_of[d] == group_of[d - 1] and signature[d] == signature[d - 1]:
+            representative[d] = representative[d - 1]
+    members = np.bincount(representative, minlength=num_devices).astype(np.int32)
+    if members.max() < 2:
+        return None
+    quotient = _quotient_placement(placement, representative, members)
+    if quotient is None:
+        return None
+    return Symmetry(representative, members, quotient)
+
+
+def _quotient_placement(
+    placement: Placement, representative: np.ndarray, members: np.ndarray
+) -> Placement | None:
+    """One instance per class on its representative: a split op's over the class's rows
+    (its members' runs, consecutive and of equal length), any other op's over the whole
+    batch. ``None`` when some op's instances do not fit that shape."""
+    device, lo, hi = placement.inst_device, placement.inst_lo, placement.inst_hi
+    rep = representative[device]
+    keep = device == rep
+    # every member of a class holds the same instances (equal signatures), so each op
+    # has one run of instances per class, starting at the representative
+    ptr = placement.inst_ptr.astype(np.int64)
+    op_of = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+    same_op = op_of[1:] == op_of[:-1]
+    if (np.diff(device)[same_op] <= 0).any():  # two replicas of an op on one GPU
+        return None
+    size = members[rep]
+    split = placement.op_mode[op_of] == Mode.SPLIT
+    run_end = np.flatnonzero(keep) + size[keep] - 1  # last instance of each run
+    if (run_end >= len(device)).any():
+        return None
+    kept_lo, kept_hi = lo[keep], hi[keep].copy()
+    run_split = split[keep]
+    last_hi = hi[run_end]
+    same_run = (rep[run_end] == rep[keep]) & (op_of[run_end] == op_of[keep])
+    rows = kept_hi - kept_lo
+    if (
+        not same_run.all()
+        or not (np.where(run_split, last_hi - kept_lo == rows * size[keep], True)).all()
+    ):
+        return None
+    kept_hi = np.where(run_split, last_hi, kept_hi)
+    new_ptr = np.zeros(len(ptr), dtype=np.int32)
+    new_ptr[1:] = np.cumsum(np.bincount(op_of[keep], minlength=len(ptr) - 1))
+    return Placement(
+        op_mode=placement.op_mode,
+        inst_ptr=new_ptr,
+        inst_device=np.ascontiguousarray(device[keep]),
+        inst_lo=np.ascontiguousarray(kept_lo),
+        inst_hi=np.ascontiguousarray(kept_hi.astype(np.int32)),
+        batch_size=placement.batch_size,
+    )
