@@ -69,7 +69,9 @@ def _server_side(model: str, cluster_name: str) -> dict[str, float]:
     ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
     cluster = load_cluster(cluster_name)
     evaluator = Evaluator(ir, cluster)
-    evaluation = evaluator.evaluate(baseline_strategy("dp-nccl", ir, cluster, evaluator.costs))
+    evaluation = evaluator.evaluate(
+        baseline_strategy("dp-nccl", ir, cluster, evaluator.costs), by_class=False
+    )
     trace = chrome_trace(evaluation.compiled.task_graph, evaluation.result)
     trace_bytes = len(json.dumps(trace, separators=(",", ":")))
     started = time.perf_counter()

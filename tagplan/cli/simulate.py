@@ -62,7 +62,7 @@ def simulate_command(
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         evaluator = Evaluator(ir, load_cluster(cluster), use_priority=priority)
         chosen = load_strategy_argument(strategy, evaluator)
-        evaluation = evaluator.evaluate(chosen)
+        evaluation = evaluator.evaluate(chosen, by_class=False)  # every GPU's lanes
     result, tasks = evaluation.result, evaluation.compiled.task_graph
     devices = evaluator.cluster.device_names
     if trace is not None:

@@ -37,6 +37,7 @@ class PlanOptions:
     shards: int = 1  # root-parallel search trees
     max_actions: int = DEFAULT_MAX_ACTIONS
     patience: int | None = DEFAULT_PATIENCE  # convergence window; None: use the budget
+    by_class: bool = True  # simulate GPUs treated alike once (False: per GPU, the reference)
 
     def __post_init__(self) -> None:
         if not (self.budget_s > 0 and math.isfinite(self.budget_s)):

@@ -50,13 +50,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
@@ -104,6 +106,8 @@ _FINISH_EVALUATIONS = 4
 _GRAPHDEF_EVALUATIONS = 12
 # baselines whose task graph is as large as the reference's: their evaluation times it
 _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
+# baselines simulated per GPU (a parameter server on every GPU leaves no two alike)
+_PER_GPU_BASELINES = frozenset({"dp-ps"})
 
 
 @dataclass(frozen=True)
@@ -166,9 +170,13 @@ class Planner:
         self._phase: str | None = None
         self._phase_started = time.perf_counter()
         self.reference_step_s: float | None = None
+        self.per_gpu_factor = 1.0  # a per-GPU evaluation over one by symmetry class
+        self.evaluation_s = 0.0  # one evaluation of the reference, measured
         self._lower_bound_s: float | None = None
         costs = OpCostModel(ir, cluster, profiles=profiles)
-        self.evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
+        self.evaluator = Evaluator(
+            ir, cluster, costs=costs, comm=comm, by_class=self.options.by_class
+        )
         self.space = ActionSpace(ir, cluster, costs, max_actions=self.options.max_actions)
         self.op_time_s = op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
         if prepared is not None:
@@ -177,6 +185,7 @@ class Planner:
                 name: BaselineScore(**score) for name, score in prepared["baselines"].items()
             }
             self.evaluation_s = float(prepared["evaluation_s"])
+            self.per_gpu_factor = float(prepared.get("per_gpu_factor", 1.0))
             self.phases = {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
             self.reference_step_s = self.baselines[REFERENCE].step_time_s
             self._lower_bound_s = prepared.get("lower_bound_s")
@@ -195,6 +204,7 @@ class Planner:
             "op_group": self.grouping.op_group.tolist(),
             "baselines": {name: asdict(score) for name, score in self.baselines.items()},
             "evaluation_s": self.evaluation_s,
+            "per_gpu_factor": self.per_gpu_factor,
             "phases": {k: v.to_dict() for k, v in self.phases.items()},
             "lower_bound_s": self.lower_bound_s(),
         }
@@ -278,7 +288,10 @@ class Planner:
         for name in [REFERENCE, *(n for n in BASELINES if n != REFERENCE)]:
             self._check_cancel()
             left_s = ends_at - time.time()
-            if name != REFERENCE and left_s <= 0:
+            expected_s = self.evaluation_s * (
+                self.per_gpu_factor if name in _PER_GPU_BASELINES else 1.0
+            )
+            if name != REFERENCE and left_s < expected_s:
                 skipped.append(name)
                 continue
             try:
@@ -293,6 +306,7 @@ class Planner:
             seconds = time.perf_counter() - started
             if name == REFERENCE:
                 self.evaluation_s = seconds
+                self.per_gpu_factor = _per_gpu_factor(evaluation)
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
                 self.evaluation_s = min(self.evaluation_s, seconds)
             result = evaluation.result
@@ -323,9 +337,14 @@ class Planner:
 
     def _finish_reserve_s(self) -> float:
         """Seconds to keep for SFB, the last simulations and the distributed GraphDef."""
-        evaluations = _FINISH_EVALUATIONS + (_GRAPHDEF_EVALUATIONS if self.graphdef else 0)
         sfb = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
-        return sfb + evaluations * self.evaluation_s
+        return sfb + self._last_steps_s(self.graphdef)
+
+    def _last_steps_s(self, graphdef: bool) -> float:
+        """The simulations after the search, the plan's own per GPU (for its timeline),
+        and the distributed GraphDef, whose compile grows with the GPUs as that does."""
+        per_gpu = 1 + (_GRAPHDEF_EVALUATIONS if graphdef else 0)
+        return (_FINISH_EVALUATIONS + per_gpu * self.per_gpu_factor) * self.evaluation_s
 
     def search_budget_s(self, shards: int = 1) -> float:
         """Seconds each of ``shards`` trees run one after another in this process: what the
@@ -371,9 +390,7 @@ class Planner:
         self._record_search(outcomes, searched)
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
-        reserve_s = (
-            _FINISH_EVALUATIONS + (_GRAPHDEF_EVALUATIONS if graph_def is not None else 0)
-        ) * self.evaluation_s
+        reserve_s = self._last_steps_s(graph_def is not None)
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
         if not self.options.sfb:
             self._mark("sfb", "skipped", "turned off")
@@ -399,6 +416,8 @@ class Planner:
             )
         _, _, _, chosen_from, sfb_decisions, evaluation = min(finals, key=lambda f: f[:3])
         strategy = evaluation.strategy
+        if evaluation.compiled.symmetry is not None:  # every GPU's timeline, same step
+            evaluation = self.evaluator.evaluate(strategy, by_class=False)
         self._enter("compile")
         if evaluation.result.oom:
             overflow = int(evaluation.result.overflow_bytes.sum())
@@ -518,3 +537,12 @@ def plan(
         planner.search_shard(planner.options.seed + k, budget_s=budget) for k in range(shards)
     ]
     return planner.finish(outcomes, graph_def=graph_def)
+
+
+def _per_gpu_factor(evaluation: Evaluation) -> float:
+    """How many times more GPUs than symmetry classes the evaluation simulated: about
+    what compiling per GPU costs over compiling by class."""
+    symmetry = evaluation.compiled.symmetry
+    if symmetry is None:
+        return 1.0
+    return len(symmetry.representative) / len(np.unique(symmetry.representative))

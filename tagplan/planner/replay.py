@@ -44,7 +44,7 @@ def replay_plan(
     started = time.time() if started_at_s is None else started_at_s
     simulate_started = time.perf_counter()
     evaluator = Evaluator(ir, cluster, costs=OpCostModel(ir, cluster, profiles=profiles), comm=comm)
-    evaluation = evaluator.evaluate(strategy)
+    evaluation = evaluator.evaluate(strategy, by_class=False)
     seconds = time.perf_counter() - simulate_started
     return PlanResult(
         strategy=evaluation.strategy,

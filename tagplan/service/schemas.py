@@ -112,7 +112,7 @@ _REQUEST_BOUNDS: dict[str, dict[str, Any]] = {
     "shards": {"ge": 1, "le": MAX_SHARDS, "description": "root-parallel search trees (workers)"},
 }
 """The bounds and descriptions of the planner options a request may set."""
-SERVER_SIDE_OPTIONS = frozenset({"max_actions", "patience"})
+SERVER_SIDE_OPTIONS = frozenset({"max_actions", "patience", "by_class"})
 """Planner options a request may not set: search tuning every job runs with at the
 planner's defaults (and out of the job's identity, so resubmissions still match)."""
 

@@ -1,0 +1,172 @@
+"""Evaluation cost at allocation scale: one ``Evaluator.evaluate`` per GPU against by
+symmetry class, on ``scale:N`` clusters of 16 to 256 GPUs, and the search depth a 10 s
+plan reaches with each.
+
+For ResNet-101 and BERT-Large, DP-NCCL and a mixed strategy (the op groups alternating
+AllReduce and a parameter server over every GPU), each evaluation is timed after one
+warm-up (median of ``--runs``), with the task counts of both task graphs; both must give
+the same step time and per-GPU peak memory, or the script stops. Per-GPU evaluations
+above ``--per-gpu-max`` GPUs are left out (millions of tasks). Then ``tagplan``'s plan
+with a 10 s budget, per GPU and by class, on ``cloud`` and ``scale:64``: search
+iterations, plan time and step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from bench.report import write_section
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.options import PlanOptions
+from tagplan.planner.plan import plan
+from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy
+
+MODELS = ["resnet101", "bert_large"]
+SIZES = [16, 32, 64, 128, 256]
+DEPTH_CLUSTERS = ["cloud", "scale:64"]
+
+
+def mixed_strategy(ir, cluster, costs) -> Strategy:
+    """METIS op groups alternating replicate-allreduce and replicate-ps over every GPU."""
+    grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs))
+    every = list(range(cluster.num_groups))
+    groups = []
+    for g in range(grouping.num_groups):
+        option = Option.REPLICATE_ALLREDUCE if g % 2 == 0 else Option.REPLICATE_PS
+        ops = [ir.op_names[o] for o in grouping.ops(g)]
+        groups.append(OpGroup(ops=ops, decision=GroupDecision(device_groups=every, option=option)))
+    return Strategy(name="mixed", groups=groups)
+
+
+def timed(evaluator: Evaluator, strategy: Strategy, by_class: bool, runs: int):
+    evaluation = evaluator.evaluate(strategy, by_class=by_class)
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        evaluator.evaluate(strategy, by_class=by_class)
+        seconds.append(time.perf_counter() - started)
+    return evaluation, statistics.median(seconds)
+
+
+def evaluation_rows(models: list[str], sizes: list[int], runs: int, per_gpu_max: int) -> list[str]:
+    from tagplan.planner.topology import load_cluster
+
+    lines = []
+    for model in models:
+        source = load_graph_source(f"zoo:{model}")
+        ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+        for size in sizes:
+            cluster = load_cluster(f"scale:{size}")
+            evaluator = Evaluator(ir, cluster)
+            strategies = {
+                "dp-nccl": baseline_strategy("dp-nccl", ir, cluster, evaluator.costs),
+                "mixed": mixed_strategy(ir, cluster, evaluator.costs),
+            }
+            for name, strategy in strategies.items():
+                by_class, by_class_s = timed(evaluator, strategy, True, runs)
+                cells = [
+                    model,
+                    str(size),
+                    str(cluster.num_groups),
+                    name,
+                    f"{by_class.compiled.task_graph.num_tasks:,}",
+                ]
+                if size <= per_gpu_max:
+                    per_gpu, per_gpu_s = timed(evaluator, strategy, False, runs)
+                    same = np.isclose(per_gpu.step_time_s, by_class.step_time_s, rtol=1e-9)
+                    same &= np.array_equal(
+                        per_gpu.result.peak_memory_bytes, by_class.result.peak_memory_bytes
+                    )
+                    if not same:
+                        raise SystemExit(f"{model} {name} on {size} GPUs: the compiles disagree")
+                    cells[4:4] = [f"{per_gpu.compiled.task_graph.num_tasks:,}"]
+                    cells += [
+                        f"{per_gpu_s:.3f}",
+                        f"{by_class_s:.3f}",
+                        f"{per_gpu_s / by_class_s:.1f}x",
+                    ]
+                else:
+                    cells[4:4] = ["—"]
+                    cells += ["—", f"{by_class_s:.3f}", "—"]
+                cells.append("by class" if by_class.compiled.symmetry is not None else "per GPU")
+                cells.append(f"{by_class.step_time_s * 1e3:,.1f}")
+                lines.append("| " + " | ".join(cells) + " |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def depth_rows(models: list[str], clusters: list[str], budget_s: float) -> list[str]:
+    from tagplan.planner.topology import load_cluster
+
+    lines = []
+    for model in models:
+        source = load_graph_source(f"zoo:{model}")
+        ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+        for name in clusters:
+            cells = [model, name]
+            for by_class in (False, True):
+                options = PlanOptions(budget_s=budget_s, by_class=by_class)
+                result = plan(ir, load_cluster(name), options=options, graph_def=source.graph_def)
+                cells += [
+                    str(result.iterations),
+                    f"{result.plan_time_s:.1f}",
+                    f"{result.step_time_s * 1e3:,.1f}",
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=MODELS)
+    parser.add_argument("--sizes", nargs="*", type=int, default=SIZES)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--per-gpu-max", type=int, default=128)
+    parser.add_argument("--depth-clusters", nargs="*", default=DEPTH_CLUSTERS)
+    parser.add_argument("--budget-s", type=float, default=10.0)
+    args = parser.parse_args()
+    evaluations = evaluation_rows(args.models, args.sizes, args.runs, args.per_gpu_max)
+    depth = depth_rows(args.models, args.depth_clusters, args.budget_s)
+    body = "\n".join(
+        [
+            "One `Evaluator.evaluate` (resolve + compile + simulate) per GPU and by symmetry "
+            f"class on `scale:N` (machines of 8 GPUs), median of {args.runs} after a warm-up; "
+            "both compiles give the same step and per-GPU peak memory (checked). *mixed*: the "
+            "op groups alternate AllReduce and a parameter server over every GPU (each group's "
+            "parameter server a GPU of its own). *compiled*: how the by-class evaluation ran "
+            "(per GPU when a rule singles out one GPU of a class). Per-GPU evaluations above "
+            f"{args.per_gpu_max} GPUs are left out.",
+            "",
+            "| model | GPUs | device groups | strategy | tasks per GPU | tasks by class "
+            "| per GPU (s) | by class (s) | speedup | compiled | step (ms) |",
+            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+            *evaluations,
+            "",
+            f"Search depth: `plan()` with a {args.budget_s:.0f} s budget, evaluating per GPU "
+            "and by class (the plan's own per-GPU simulation and its GraphDef included).",
+            "",
+            "| model | cluster | iterations per GPU | plan time (s) | step (ms) "
+            "| iterations by class | plan time (s) | step (ms) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *depth,
+        ]
+    )
+    write_section(
+        "evaluate-scale",
+        "Evaluation cost at allocation scale",
+        "python -m bench.evaluate_scale",
+        body,
+    )
+
+
+if __name__ == "__main__":
+    main()

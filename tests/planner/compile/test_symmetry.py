@@ -1,0 +1,139 @@
+"""Compiling by symmetry class gives the per-GPU simulation: the same step, the same peak
+memory on every GPU, the same OOM, for every kind of strategy on clusters of several
+shapes; classes and the quotient placement by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tagplan.planner.compile.placement import place
+from tagplan.planner.compile.symmetry import symmetry_classes
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.search.actions import ActionSpace
+from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
+from tagplan.planner.search.mcts import StrategySearch
+from tagplan.planner.search.sfb import apply_sfb
+from tagplan.planner.strategy import GroupDecision, Option, Strategy, resolve
+from tagplan.planner.topology import load_cluster
+from tests.planner.clusters import gpus
+
+MIXED = {  # two GPU types, machines of 4 and 3, one machine with two device groups
+    "machines": [
+        {"name": "a", "gpus": {"type": "V100-32GB", "count": 4}, "intra_bandwidth_gbps": 300},
+        {
+            "name": "b",
+            "gpus": [{"index": i, "type": "T4" if i < 3 else "P100"} for i in range(5)],
+            "intra_bandwidth_gbps": 100,
+        },
+        {"name": "c", "gpus": {"type": "T4", "count": 3}, "intra_bandwidth_gbps": 50},
+    ],
+    "network": {"bandwidth_gbps": 10},
+}
+CLUSTERS = {
+    "mixed": lambda: load_cluster(MIXED),
+    "scale:32": lambda: load_cluster("scale:32"),
+    "random:4": lambda: load_cluster("random:4"),
+    "slow 3x4": lambda: gpus("T4", 3, 4, network_gbps=1),
+}
+BASELINES = ["single", "dp-nccl", "dp-nccl-p", "dp-ps", "horovod", "m-topo"]
+
+
+def _zoo(model: str):
+    source = load_graph_source(f"zoo:{model}")
+    return analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+
+
+def _same(evaluator: Evaluator, strategy: Strategy) -> bool:
+    """Assert the two compiles agree; return whether the strategy compiled by class."""
+    reference = evaluator.evaluate(strategy, by_class=False)
+    by_class = evaluator.evaluate(strategy, by_class=True)
+    assert reference.compiled.symmetry is None
+    assert by_class.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9, abs=1e-15)
+    np.testing.assert_array_equal(
+        by_class.result.peak_memory_bytes, reference.result.peak_memory_bytes
+    )
+    assert by_class.result.oom == reference.result.oom
+    np.testing.assert_array_equal(by_class.result.overflow_bytes, reference.result.overflow_bytes)
+    np.testing.assert_allclose(
+        by_class.result.device_busy_s, reference.result.device_busy_s, rtol=1e-9
+    )
+    return by_class.compiled.symmetry is not None
+
+
+@pytest.mark.parametrize("model", ["mlp", "small_cnn"])
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -> None:
+    ir = _zoo(model)
+    cluster = CLUSTERS[cluster_name]()
+    evaluator = Evaluator(ir, cluster)
+    costs = evaluator.costs
+    strategies = [baseline_strategy(name, ir, cluster, costs) for name in BASELINES]
+    space = ActionSpace(ir, cluster, costs)
+    grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=6)
+    search = StrategySearch(evaluator, grouping, space, reference_step_s=1.0)
+    n = grouping.num_groups
+    every_option = {a.option: a for a in reversed(space.actions)}  # the first of each
+    step = max(1, len(space.actions) // 10)
+    for index in sorted(
+        {*range(0, len(space.actions), step), *map(space.actions.index, every_option.values())}
+    ):
+        strategies.append(search.strategy_of((index,) * n))
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        strategies.append(
+            search.strategy_of(tuple(rng.integers(len(space.actions), size=n).tolist()))
+        )
+    strategies += [apply_sfb(s, ir, cluster, costs)[0] for s in strategies[1:3]]
+    by_class = [_same(evaluator, strategy) for strategy in strategies]
+    # data parallelism over device groups of several GPUs is what classes are for
+    assert by_class[BASELINES.index("dp-nccl")] and by_class[BASELINES.index("horovod")]
+
+
+def test_resnet_data_parallel_on_64_gpus_alike_with_a_seventh_of_the_tasks() -> None:
+    ir = _zoo("resnet101")
+    cluster = load_cluster("scale:64")
+    evaluator = Evaluator(ir, cluster)
+    strategy = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    assert _same(evaluator, strategy)
+    per_gpu = evaluator.evaluate(strategy, by_class=False).compiled.task_graph.num_tasks
+    by_class = evaluator.evaluate(strategy).compiled.task_graph.num_tasks
+    assert by_class * 6 < per_gpu
+
+
+def test_classes_and_quotient_placement_by_hand() -> None:
+    """Data parallelism on two machines of four GPUs, batch 64: GPU 0 also runs the ops
+    that need the whole batch, so the classes are {0}, {1, 2, 3}, {4, 5, 6, 7}; a split
+    op's quotient instances cover rows [0, 8), [8, 32), [32, 64)."""
+    ir = _zoo("mlp")
+    cluster = gpus("T4", 2, 4)
+    decision = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
+    resolved = resolve(Strategy(default=decision), ir, cluster)
+    placement = place(ir, resolved)
+    symmetry = symmetry_classes(placement, cluster)
+    assert symmetry is not None
+    assert symmetry.representative.tolist() == [0, 1, 1, 1, 4, 4, 4, 4]
+    assert symmetry.members[[0, 1, 4]].tolist() == [1, 3, 4]
+    assert symmetry.expand((1, 4)) == (1, 2, 3, 4, 5, 6, 7)
+    split_op = int(np.flatnonzero(placement.op_mode == 0)[0])
+    quotient = symmetry.placement
+    rows = [
+        (int(quotient.inst_device[i]), int(quotient.inst_lo[i]), int(quotient.inst_hi[i]))
+        for i in quotient.instances(split_op)
+    ]
+    batch = ir.batch_size
+    assert rows == [(0, 0, batch // 8), (1, batch // 8, batch // 2), (4, batch // 2, batch)]
+
+
+def test_a_placement_without_classes_has_none() -> None:
+    ir = _zoo("mlp")
+    cluster = gpus("T4", 4, 1)  # one GPU per device group
+    resolved = resolve(
+        Strategy(default=GroupDecision(device_groups=[0, 1, 2, 3], option=Option.REPLICATE_PS)),
+        ir,
+        cluster,
+    )
+    assert symmetry_classes(place(ir, resolved), cluster) is None
