@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Deadline", "PhaseReport", "PhaseStatus"]
+__all__ = ["Deadline", "PhaseLog", "PhaseReport", "PhaseStatus"]
 
 PhaseStatus = Literal["done", "truncated", "skipped"]
 
@@ -60,3 +60,30 @@ class PhaseReport:
     @classmethod
     def from_dict(cls, data: dict) -> PhaseReport:
         return cls(status=data["status"], seconds=float(data["seconds"]), note=data["note"])
+
+
+class PhaseLog:
+    """The phases of one plan as they run: each one's report, the open one's clock."""
+
+    def __init__(self, reports: dict[str, PhaseReport] | None = None) -> None:
+        self.reports: dict[str, PhaseReport] = reports or {}
+        self._open: str | None = None
+        self._opened_at = time.perf_counter()
+
+    def enter(self, phase: str) -> None:
+        """Close the open phase and open ``phase`` (its seconds add up over visits)."""
+        self.leave()
+        self._open, self._opened_at = phase, time.perf_counter()
+        self.reports.setdefault(phase, PhaseReport())
+
+    def leave(self) -> None:
+        if self._open is not None:
+            self.reports[self._open].seconds += time.perf_counter() - self._opened_at
+            self._open = None
+
+    def mark(self, phase: str, status: PhaseStatus, note: str) -> None:
+        report = self.reports.setdefault(phase, PhaseReport())
+        report.status, report.note = status, note
+
+    def to_dict(self) -> dict[str, dict[str, object]]:
+        return {name: report.to_dict() for name, report in self.reports.items()}

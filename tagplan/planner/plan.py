@@ -12,8 +12,11 @@
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
   strategy and the fastest baseline (SFB can turn the order around);
-* **compile**: the final simulation (with its trace) and, when the GraphDef is given, the
-  placed distributed GraphDef and device map.
+* **compile**: the final simulation per GPU (with its trace; the search simulates by
+  symmetry class, :mod:`~.compile.symmetry`) and, when the GraphDef is given, the placed
+  distributed GraphDef and device map;
+* **bound**: the step bound counting communication (:mod:`~.search.comm_bound`), in the
+  time the budget leaves.
 
 The plan is the fastest strategy that fits in memory among what the search found and the
 baselines (every baseline is a strategy of the same space, so no plan is ever worse than
@@ -33,15 +36,21 @@ one :class:`~.budget.Deadline` fixed when planning starts (a job's workers share
 DP-NCCL, the reference, always runs; the other baselines share a quarter of the budget
 and a baseline whose evaluation would not fit what is left is skipped (m-SCT's LP stops
 at its share). The search gets what is left less a reserve for SFB (a share of the
-budget), the final simulations and the distributed GraphDef (each timed like DP-NCCL's
-evaluation); it also stops once it has converged (:mod:`~.search.mcts`). SFB stops at its
-share. Every phase's status (``done``, ``truncated``, ``skipped``) and wall time are in
-the result. ``iterations`` bounds each tree; with an iteration budget that neither the
-time budget nor convergence cuts, a seed always gives the same plan.
+budget), the final simulations (each timed like DP-NCCL's evaluation), the plan's per-GPU
+simulation and the distributed GraphDef (both scaled by the GPUs per symmetry class, as
+their cost grows with the GPUs); it also stops once it has converged
+(:mod:`~.search.mcts`). SFB stops at its share. Every phase's status (``done``,
+``truncated``, ``skipped``) and wall time are in the result. ``iterations`` bounds each
+tree; with an iteration budget that neither the time budget nor convergence cuts, a seed
+always gives the same plan.
 
 The expensive work shared by a job's steps (grouping, baselines, the reference's step)
 is done once: :meth:`Planner.prepared` gives it as JSON and a ``Planner`` built with
 ``prepared=`` starts from it instead of redoing it.
+
+Why one module: the phases share one deadline, one evaluator, the phase log and the state
+a job's workers hand to each other (``prepared``); split, each phase would take the whole
+planner as its argument.
 """
 
 from __future__ import annotations
@@ -50,15 +59,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from tagplan.planner.budget import Deadline, PhaseReport
+from tagplan.planner.budget import Deadline, PhaseLog, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible
-from tagplan.planner.evaluate import Evaluation, Evaluator
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
@@ -102,8 +109,8 @@ _SFB_SHARE = 0.08
 # simulations after the search: the search's plan and the best baseline, SFB's checks
 _FINISH_EVALUATIONS = 4
 # the distributed GraphDef costs about this many task-graph evaluations to compile
-# (ResNet-101 on 32 GPUs: 8.2 s against 0.78 s)
-_GRAPHDEF_EVALUATIONS = 12
+# (ResNet-101 on 64 GPUs: 12.1 s against 0.25 s by class x 7.1 GPUs per class)
+_GRAPHDEF_EVALUATIONS = 8
 # baselines whose task graph is as large as the reference's: their evaluation times it
 _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
 # baselines simulated per GPU (a parameter server on every GPU leaves no two alike)
@@ -166,9 +173,7 @@ class Planner:
         self.deadline = deadline or Deadline.after(self.options.budget_s)
         self.prior, self.graphdef, self.start = prior, graphdef, start
         self._progress, self._cancel = progress, cancel
-        self.phases: dict[str, PhaseReport] = {}
-        self._phase: str | None = None
-        self._phase_started = time.perf_counter()
+        self.phases = PhaseLog()
         self.reference_step_s: float | None = None
         self.per_gpu_factor = 1.0  # a per-GPU evaluation over one by symmetry class
         self.evaluation_s = 0.0  # one evaluation of the reference, measured
@@ -186,7 +191,9 @@ class Planner:
             }
             self.evaluation_s = float(prepared["evaluation_s"])
             self.per_gpu_factor = float(prepared.get("per_gpu_factor", 1.0))
-            self.phases = {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
+            self.phases = PhaseLog(
+                {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
+            )
             self.reference_step_s = self.baselines[REFERENCE].step_time_s
             self._lower_bound_s = prepared.get("lower_bound_s")
         else:
@@ -194,7 +201,7 @@ class Planner:
             self.grouping = group_ops(
                 ir, op_time_s, max_groups=self.options.max_groups, seed=self.options.seed
             )
-            self._leave()
+            self.phases.leave()
             self._score_baselines()  # sets the reference's step
 
     def prepared(self) -> dict:
@@ -205,7 +212,7 @@ class Planner:
             "baselines": {name: asdict(score) for name, score in self.baselines.items()},
             "evaluation_s": self.evaluation_s,
             "per_gpu_factor": self.per_gpu_factor,
-            "phases": {k: v.to_dict() for k, v in self.phases.items()},
+            "phases": self.phases.to_dict(),
             "lower_bound_s": self.lower_bound_s(),
         }
 
@@ -234,26 +241,14 @@ class Planner:
                 time_limit_s=left_s,
             )
         if bound is None:
-            self._mark("bound", "skipped", "the budget ran out before its LP was solved")
+            self.phases.mark("bound", "skipped", "the budget ran out before its LP was solved")
         return None if bound is None else bound.step_time_s
 
     # phases ---------------------------------------------------------------------------
 
     def _enter(self, phase: str) -> None:
-        self._leave()
-        self._phase, self._phase_started = phase, time.perf_counter()
-        self.phases.setdefault(phase, PhaseReport())
+        self.phases.enter(phase)
         self._report(phase, 0, None)
-
-    def _leave(self) -> None:
-        phase = self._phase
-        if phase is not None:
-            self.phases[phase].seconds += time.perf_counter() - self._phase_started
-            self._phase = None
-
-    def _mark(self, phase: str, status: str, note: str) -> None:
-        report = self.phases.setdefault(phase, PhaseReport())
-        report.status, report.note = status, note  # type: ignore[assignment]
 
     def _elapsed_s(self) -> float:
         return time.time() - (self.deadline.at_s - self.deadline.budget_s)
@@ -306,7 +301,8 @@ class Planner:
             seconds = time.perf_counter() - started
             if name == REFERENCE:
                 self.evaluation_s = seconds
-                self.per_gpu_factor = _per_gpu_factor(evaluation)
+                symmetry = evaluation.compiled.symmetry
+                self.per_gpu_factor = 1.0 if symmetry is None else symmetry.gpus_per_class
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
                 self.evaluation_s = min(self.evaluation_s, seconds)
             result = evaluation.result
@@ -318,11 +314,13 @@ class Planner:
             )
         self.baselines = {name: scores[name] for name in BASELINES if name in scores}
         if skipped:
-            self._mark("baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}")
+            self.phases.mark(
+                "baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}"
+            )
         fitting = [s.step_time_s for s in self.baselines.values() if not s.oom]
         self.reference_step_s = self.baselines[REFERENCE].step_time_s
         self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
-        self._leave()
+        self.phases.leave()
 
     def _search(self, seed: int) -> StrategySearch:
         return StrategySearch(
@@ -358,7 +356,7 @@ class Planner:
         self._enter("search")
         budget = budget_s if budget_s is not None else self.search_budget_s()
         if budget < self.evaluation_s and self.options.iterations is None:
-            self._leave()
+            self.phases.leave()
             return SearchOutcome.skipped(seed)
 
         def report(p: SearchProgress) -> None:
@@ -378,7 +376,7 @@ class Planner:
             )
         except BudgetExhausted:  # the deadline passed before the first iteration
             outcome = SearchOutcome.skipped(seed)
-        self._leave()
+        self.phases.leave()
         return outcome
 
     def finish(
@@ -393,9 +391,9 @@ class Planner:
         reserve_s = self._last_steps_s(graph_def is not None)
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
         if not self.options.sfb:
-            self._mark("sfb", "skipped", "turned off")
+            self.phases.mark("sfb", "skipped", "turned off")
         elif sfb_s <= 0:
-            self._mark("sfb", "skipped", "no time left in the budget")
+            self.phases.mark("sfb", "skipped", "no time left in the budget")
         finals = []
         for rank, (name, strategy) in enumerate(contenders):
             decisions: tuple[SfbDecision, ...] = ()
@@ -435,7 +433,7 @@ class Planner:
         if graph_def is not None:
             distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
         comm_bound_s = self._comm_bound_s()
-        self._leave()
+        self.phases.leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
         return PlanResult(
             strategy=strategy,
@@ -454,7 +452,7 @@ class Planner:
             estimated=estimated_inputs(evaluation, self.evaluator.comm),
             sfb=sfb_decisions,
             distributed=distributed,
-            phases={k: v.to_dict() for k, v in self.phases.items()},
+            phases=self.phases.to_dict(),
             stop_reason=_stop_reason(outcomes),
             prior=(self.prior or UniformPrior()).name,
         )
@@ -463,7 +461,7 @@ class Planner:
         self, outcomes: Sequence[SearchOutcome], searched: Sequence[SearchOutcome]
     ) -> None:
         """The search phase as the shards ran it (in this process or on other workers)."""
-        report = self.phases.setdefault("search", PhaseReport())
+        report = self.phases.reports.setdefault("search", PhaseReport())
         if len(searched) < len(outcomes) or not outcomes:
             report.status = "skipped" if not searched else "truncated"
             report.note = f"{len(outcomes) - len(searched)} of {len(outcomes)} trees had no time"
@@ -537,12 +535,3 @@ def plan(
         planner.search_shard(planner.options.seed + k, budget_s=budget) for k in range(shards)
     ]
     return planner.finish(outcomes, graph_def=graph_def)
-
-
-def _per_gpu_factor(evaluation: Evaluation) -> float:
-    """How many times more GPUs than symmetry classes the evaluation simulated: about
-    what compiling per GPU costs over compiling by class."""
-    symmetry = evaluation.compiled.symmetry
-    if symmetry is None:
-        return 1.0
-    return len(symmetry.representative) / len(np.unique(symmetry.representative))

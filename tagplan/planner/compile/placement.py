@@ -37,7 +37,7 @@ from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, ResolvedStrategy
 
-__all__ = ["Placement", "batch_slices", "place", "sums_partials"]
+__all__ = ["Placement", "batch_slices", "has_batch_input", "place", "sums_partials"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,7 +88,7 @@ def _variable_of_class(ir: GraphIR) -> dict[int, int]:
     return found
 
 
-def _has_batch_input(ir: GraphIR) -> np.ndarray:
+def has_batch_input(ir: GraphIR) -> np.ndarray:
     """Per op: does any input carry the batch dimension."""
     reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
     found = np.zeros(ir.num_ops, dtype=bool)
@@ -99,7 +99,7 @@ def _has_batch_input(ir: GraphIR) -> np.ndarray:
 def sums_partials(ir: GraphIR) -> np.ndarray:
     """Per op: a *split-sum* op without batch input, which adds up partial sums (an
     ``AddN`` of partial gradients): split, each replica reads its own partials."""
-    return (ir.split_category == SplitCategory.SPLIT_SUM) & ~_has_batch_input(ir)
+    return (ir.split_category == SplitCategory.SPLIT_SUM) & ~has_batch_input(ir)
 
 
 def _partial_producers(ir: GraphIR, op: int) -> list[int]:
@@ -181,7 +181,7 @@ def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     """Apply the placement rules of the module docstring to every op."""
     batch = ir.batch_size
-    has_batch_input = _has_batch_input(ir).tolist()
+    batch_input = has_batch_input(ir).tolist()
     parameter_op = _parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     adds_partials = sums_partials(ir).tolist()
@@ -209,7 +209,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
             )
         ):
             mode, placed = layout.split
-        elif not has_batch_input[op] or sfb_op[op]:
+        elif not batch_input[op] or sfb_op[op]:
             mode, placed = layout.no_batch
         elif no_split[op]:  # stateful ops are here too
             mode, placed = layout.no_split
