@@ -18,23 +18,8 @@ from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.search.sfb import apply_sfb
 from tagplan.planner.strategy import Option
 from tagplan.planner.topology import load_cluster
+from tests.planner.clusters import gpus
 from tests.planner.graph.builders import dense_graph, graph_def
-
-
-def machines(count: int, gpus: int, network_gbps: float, gpu_type: str = "T4"):
-    return load_cluster(
-        {
-            "machines": [
-                {
-                    "name": f"m{i}",
-                    "gpus": {"type": gpu_type, "count": gpus},
-                    "intra_bandwidth_gbps": 100,
-                }
-                for i in range(count)
-            ],
-            "network": {"bandwidth_gbps": network_gbps},
-        }
-    )
 
 
 @pytest.mark.parametrize(("features", "units"), [(256, 256), (256, 4)])
@@ -46,7 +31,7 @@ def test_dense_layer_over_two_machines_by_hand(features: int, units: int) -> Non
     network after dw, and no more than that plus every op at the full batch."""
     batch = 64
     ir = analyze(graph_def(dense_graph(batch=batch, features=features, units=units)))
-    cluster = machines(2, 1, 0.01)
+    cluster = gpus("T4", 2, 1, network_gbps=0.01)
     costs = OpCostModel(ir, cluster)
     space = ActionSpace(ir, cluster, costs)
     space.actions = (Action((0, 1), Option.REPLICATE_ALLREDUCE),)
@@ -73,7 +58,7 @@ def test_slow_network_raises_only_the_bound_counting_it() -> None:
     ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
     found = {}
     for gbps in (100.0, 0.1):
-        cluster = machines(2, 1, gbps)
+        cluster = gpus("T4", 2, 1, network_gbps=gbps)
         costs = OpCostModel(ir, cluster)
         grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=4)
         found[gbps] = comm_bound(
@@ -85,7 +70,7 @@ def test_slow_network_raises_only_the_bound_counting_it() -> None:
 
 def test_a_spent_time_limit_gives_no_bound() -> None:
     ir = analyze(graph_def(dense_graph()))
-    cluster = machines(2, 1, 10.0)
+    cluster = gpus("T4", 2, 1, network_gbps=10.0)
     costs = OpCostModel(ir, cluster)
     op_group = np.zeros(ir.num_ops, dtype=np.int32)
     space = ActionSpace(ir, cluster, costs)
