@@ -13,7 +13,8 @@ from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.sim.simulate import SimResult, simulate, upward_rank
+from tagplan.planner.sim.simulate import SimResult, group_feedback, simulate, upward_rank
+from tagplan.planner.sim.taskgraph import TaskGraph
 from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
 from tagplan.planner.topology import Cluster
 
@@ -76,14 +77,19 @@ class Evaluator:
             reserve_bytes=self.reserve_bytes,
             use_priority=self.use_priority,
         )
-        if compiled.symmetry is not None:
-            result = _per_device(result, compiled.symmetry, graph.num_devices)
+        if compiled.symmetry is not None and compiled.task_copies is not None:
+            result = _per_device(result, compiled.symmetry, compiled.task_copies, graph)
         return Evaluation(strategy, resolved, compiled, result)
 
 
-def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimResult:
+def _per_device(
+    result: SimResult, symmetry: Symmetry, task_copies: np.ndarray, graph: TaskGraph
+) -> SimResult:
     """A simulation by class with every GPU's figures (memory, busy time, its ports) taken
-    from its class's first GPU; machine links and the schedule are as simulated."""
+    from its class's first GPU and each group's idle time before transfers averaged over
+    the per-GPU graph's edges; machine links and the schedule are as simulated."""
+    num_devices = graph.num_devices
+    makespan, idle = group_feedback(graph, result.start_s, result.finish_s, task_copies)
     ports = np.concatenate([symmetry.representative, num_devices + symmetry.representative])
     links = np.arange(len(result.link_busy_s))
     links[: 2 * num_devices] = ports
@@ -95,6 +101,8 @@ def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimR
         link_idle_fraction=result.link_idle_fraction[links],
         peak_memory_bytes=symmetry.per_device(result.peak_memory_bytes),
         overflow_bytes=symmetry.per_device(result.overflow_bytes),
+        group_makespan_s=makespan,
+        group_idle_before_transfer_s=idle,
     )
 
 

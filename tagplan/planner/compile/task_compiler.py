@@ -101,6 +101,7 @@ class CompiledTasks:
     instance_task: np.ndarray  # int32: compute task of each op instance
     measured_fraction: float  # share of compute time from profiles
     symmetry: Symmetry | None = None  # compiled by class: per-device results expand
+    task_copies: np.ndarray | None = None  # by class: the per-GPU tasks each task stands for
 
 
 def _csr_lists(ptr: np.ndarray, index: np.ndarray) -> list[list[int]]:
@@ -253,6 +254,7 @@ class _TaskGraphCompilation:
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
         self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
+        self.task_copies: dict[int, int] = {}  # tasks standing for more than one
         self.op_group = resolved.op_group.tolist()
         self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
         self.op_adds_partials = (
@@ -327,6 +329,8 @@ class _TaskGraphCompilation:
             shares=shares,
             latency_s=latency_part_s(seconds, nbytes / route.rate_bytes_per_s),
         )
+        if flows > 1:
+            self.task_copies[task] = flows
         self.out.read(copy, task)
         memory = self._bytes(tensor, copy.lo, copy.hi, memory=True, members=members)
         buffer = self.out.buffer(dst, memory * per_receiver, task)
@@ -584,6 +588,11 @@ class _TaskGraphCompilation:
         self.compute_s, self.measured_s = compute_s, measured_s
         names = fixed.instance_names(op, start - self.inst_ptr[op], len(instances))
         tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
+        if self.symmetry is not None:
+            members = self.members
+            for task, device in zip(tasks, devices, strict=True):
+                if members[device] > 1:
+                    self.task_copies[task] = members[device]
         self.instance_task[start:stop] = tasks
         return tasks
 
@@ -743,7 +752,11 @@ class _TaskGraphCompilation:
             self._control_edges(instance_task),
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
-        return CompiledTasks(graph, self.placement, instance_task, measured, self.symmetry)
+        copies = None
+        if self.symmetry is not None:
+            copies = np.ones(graph.num_tasks, dtype=np.float64)
+            copies[list(self.task_copies)] = list(self.task_copies.values())
+        return CompiledTasks(graph, self.placement, instance_task, measured, self.symmetry, copies)
 
 
 def _all_pairs(

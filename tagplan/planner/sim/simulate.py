@@ -34,7 +34,7 @@ from tagplan.planner.sim import engine
 from tagplan.planner.sim.memory import memory_profile
 from tagplan.planner.sim.taskgraph import COMPUTE, TASK_COLUMNS, TaskGraph
 
-__all__ = ["LINK_MODELS", "LinkModel", "SimResult", "simulate", "upward_rank"]
+__all__ = ["LINK_MODELS", "LinkModel", "SimResult", "group_feedback", "simulate", "upward_rank"]
 
 LinkModel = Literal["shared", "exclusive"]
 LINK_MODELS: tuple[LinkModel, ...] = ("shared", "exclusive")
@@ -92,10 +92,18 @@ def _idle_fraction(busy: np.ndarray, step_time_s: float) -> np.ndarray:
     return 1.0 - busy / step_time_s
 
 
-def _group_feedback(
-    tg: TaskGraph, start_s: np.ndarray, finish_s: np.ndarray
+def group_feedback(
+    tg: TaskGraph,
+    start_s: np.ndarray,
+    finish_s: np.ndarray,
+    task_copies: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-group makespan and mean idle before a transfer (TAG Table 1), dense by id."""
+    """Per-group makespan and mean idle before a transfer (TAG Table 1), dense by id.
+
+    ``task_copies`` (a graph compiled by symmetry class, :mod:`~tagplan.planner.compile.
+    symmetry`) says how many tasks each task stands for; an edge counts as many times as the
+    more copied of its two ends (a compute task's copies each feeding the collective or
+    barrier, or each feeding one of a transfer's flows), as the per-GPU graph has it."""
     group = tg.task_group
     num_groups = int(group.max()) + 1 if len(group) else 0
     num_groups = max(num_groups, 0)
@@ -115,8 +123,12 @@ def _group_feedback(
     dst = tg.succ_index
     feeds = (tg.task_kind[src] == COMPUTE) & (tg.task_kind[dst] != COMPUTE) & (group[src] >= 0)
     src, dst = src[feeds], dst[feeds]
-    total = np.bincount(group[src], weights=start_s[dst] - finish_s[src], minlength=num_groups)
-    count = np.bincount(group[src], minlength=num_groups)
+    copies = (
+        np.ones(len(src)) if task_copies is None else np.maximum(task_copies[src], task_copies[dst])
+    )
+    waits = start_s[dst] - finish_s[src]
+    total = np.bincount(group[src], weights=waits * copies, minlength=num_groups)
+    count = np.bincount(group[src], weights=copies, minlength=num_groups)
     np.divide(total, count, out=idle, where=count > 0)
     return makespan, idle
 
@@ -184,7 +196,7 @@ def simulate(
     else:
         capacity = np.asarray(device_memory_bytes, dtype=np.int64)
         overflow = np.maximum(peak - capacity, 0)
-    group_makespan, group_idle = _group_feedback(tg, start_s, finish_s)
+    group_makespan, group_idle = group_feedback(tg, start_s, finish_s)
     return SimResult(
         step_time_s=step_time_s,
         start_s=start_s,
