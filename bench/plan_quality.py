@@ -1,5 +1,6 @@
 """Plan quality: tagplan (uniform prior, default budget) against every baseline and the
-lower bound, for the zoo models on ``testbed``, ``cloud`` and random clusters, plus the
+lower bound, for the zoo models on ``testbed``, ``cloud``, random clusters and allocations of
+64 and 128 GPUs (``scale:N``), plus the
 BERT-Large case where data parallelism runs out of memory. The headline is the margin over
 the fastest baseline that fits; the speed-up over DP-NCCL stays as TAG's reference."""
 
@@ -27,7 +28,13 @@ MODELS = [
     "gnmt_small",
     "wide_deep",
 ]
-CLUSTERS = ["testbed", "cloud"] + [f"random:{seed}" for seed in range(1, 6)]
+CLUSTERS = [
+    "testbed",
+    "cloud",
+    *(f"random:{seed}" for seed in range(1, 6)),
+    "scale:64",
+    "scale:128",
+]
 SHOWN = ["single", "dp-nccl", "dp-nccl-p", "dp-ps", "horovod", "m-topo", "m-etf", "m-sct"]
 OOM_CASE = {
     "machines": [
