@@ -339,10 +339,14 @@ class Planner:
         return sfb + self._last_steps_s(self.graphdef)
 
     def _last_steps_s(self, graphdef: bool) -> float:
-        """The simulations after the search, the plan's own per GPU (for its timeline),
-        and the distributed GraphDef, whose compile grows with the GPUs as that does."""
-        per_gpu = 1 + (_GRAPHDEF_EVALUATIONS if graphdef else 0)
-        return (_FINISH_EVALUATIONS + per_gpu * self.per_gpu_factor) * self.evaluation_s
+        """The simulations after the search and what :meth:`_per_gpu_steps_s` counts."""
+        return _FINISH_EVALUATIONS * self.evaluation_s + self._per_gpu_steps_s(graphdef)
+
+    def _per_gpu_steps_s(self, graphdef: bool) -> float:
+        """The plan's own simulation per GPU (for its timeline) and the distributed
+        GraphDef, whose compile grows with the GPUs as that simulation does."""
+        evaluations = 1 + (_GRAPHDEF_EVALUATIONS if graphdef else 0)
+        return evaluations * self.per_gpu_factor * self.evaluation_s
 
     def search_budget_s(self, shards: int = 1) -> float:
         """Seconds each of ``shards`` trees run one after another in this process: what the
@@ -415,7 +419,15 @@ class Planner:
         _, _, _, chosen_from, sfb_decisions, evaluation = min(finals, key=lambda f: f[:3])
         strategy = evaluation.strategy
         if evaluation.compiled.symmetry is not None:  # every GPU's timeline, same step
-            evaluation = self.evaluator.evaluate(strategy, by_class=False)
+            if self.deadline.left_s() > self._per_gpu_steps_s(graph_def is not None):
+                evaluation = self.evaluator.evaluate(strategy, by_class=False)
+            else:
+                self.phases.mark(
+                    "compile",
+                    "truncated",
+                    "the timeline shows the first GPU of each symmetry class: the budget "
+                    "left no time to simulate every GPU",
+                )
         self._enter("compile")
         if evaluation.result.oom:
             overflow = int(evaluation.result.overflow_bytes.sum())

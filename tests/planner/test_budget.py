@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tagplan.planner.budget import Deadline, PhaseReport
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.plan import Planner, PlanOptions, plan
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.topology import load_cluster
@@ -27,7 +28,8 @@ def test_a_deadline_is_absolute_and_shares_are_capped_by_what_is_left() -> None:
 
 def test_a_plan_started_past_its_deadline_skips_all_it_may_and_still_answers() -> None:
     """DP-NCCL (the reference) and the final compile always run; every other baseline,
-    the search and SFB are skipped, and the result says so."""
+    the search, SFB, the per-GPU timeline and the bound counting communication are skipped,
+    and the result says so; memory is still reported for every GPU."""
     ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
     late = Deadline.after(5.0, start_s=time.time() - 60.0)
     result = plan(ir, cluster, options=PlanOptions(budget_s=5.0), deadline=late)
@@ -39,7 +41,14 @@ def test_a_plan_started_past_its_deadline_skips_all_it_may_and_still_answers() -
     assert "m-sct" in phases["baselines"]["note"]
     assert phases["search"]["status"] == "skipped"
     assert phases["sfb"]["status"] == "skipped"
-    assert phases["compile"]["status"] == "done"
+    assert phases["compile"]["status"] == "truncated"  # DP-NCCL simulated by class only
+    assert "first GPU of each symmetry class" in phases["compile"]["note"]
+    assert phases["bound"]["status"] == "skipped" and result.comm_bound_s is None
+    per_gpu = Evaluator(ir, cluster).evaluate(result.strategy, by_class=False)
+    assert result.peak_memory_bytes == {
+        str(name): int(peak)
+        for name, peak in zip(cluster.device_names, per_gpu.result.peak_memory_bytes, strict=True)
+    }
     assert result.plan_time_s >= 60.0  # counted from the deadline's start
     assert "search: skipped" in result.report_markdown()
 
