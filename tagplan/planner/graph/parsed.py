@@ -76,7 +76,7 @@ def attr_value(node: Any, name: str, default: Any = None) -> Any:
         for list_kind in ("i", "f", "s", "b", "type"):
             items = getattr(value.list, list_kind)
             if items:
-                return [x.decode() if list_kind == "s" else x for x in items]
+                return [x.decode(errors="replace") if list_kind == "s" else x for x in items]
         return []
     if kind == "s":
         return value.s.decode(errors="replace")

@@ -49,7 +49,7 @@ def _edit(change: Callable[[random.Random, Any], None]) -> Mutation:
 
     def mutate(rng: random.Random, graph: Any) -> bytes:
         change(rng, graph)
-        return graph.SerializeToString()
+        return graph.SerializeToString(deterministic=True)
 
     return mutate
 
@@ -130,12 +130,16 @@ def _deep_json(rng: random.Random, graph: Any) -> bytes:
 
 
 MUTATIONS: dict[str, Mutation] = {
-    "truncated": lambda rng, g: (d := g.SerializeToString())[: rng.randrange(1, len(d))],
-    "flipped": lambda rng, g: _flip(rng, g.SerializeToString()),
-    "gzip truncated": lambda rng, g: (z := gzip.compress(g.SerializeToString()))[
+    "truncated": lambda rng, g: (d := g.SerializeToString(deterministic=True))[
+        : rng.randrange(1, len(d))
+    ],
+    "flipped": lambda rng, g: _flip(rng, g.SerializeToString(deterministic=True)),
+    "gzip truncated": lambda rng, g: (z := gzip.compress(g.SerializeToString(deterministic=True)))[
         : rng.randrange(1, len(z))
     ],
-    "gzip flipped": lambda rng, g: _flip(rng, gzip.compress(g.SerializeToString(), mtime=0)),
+    "gzip flipped": lambda rng, g: _flip(
+        rng, gzip.compress(g.SerializeToString(deterministic=True), mtime=0)
+    ),
     "text flipped": lambda rng, g: _flip(rng, text_format.MessageToString(g).encode()),
     "json flipped": lambda rng, g: _flip(rng, json.dumps({"nodes": [{"name": "x"}]}).encode()),
     "huge dims": _edit(_huge_dim),
