@@ -212,3 +212,13 @@ def test_a_variable_too_large_for_int64_bytes_is_refused() -> None:
     variable.attr["shape"].shape.dim[0].size = 2**62
     with pytest.raises(InvalidInput, match=f"of node {variable.name!r} takes"):
         import_graph(graph.SerializeToString(), "mlp")
+
+
+def test_a_colocation_list_of_bytes_that_are_not_utf8_reads() -> None:
+    """A flipped byte in a ``_class`` list left it not UTF-8 (UnicodeDecodeError): it reads
+    with replacement characters, names no op, and the graph still analyzes."""
+    graph = _mlp()
+    node = next(n for n in graph.node if n.op == "VarHandleOp")
+    node.attr["_class"].list.s[:] = [b"loc:@\xd6\xff"]
+    ir = import_graph(graph.SerializeToString(deterministic=True), "mlp")
+    assert ir.num_ops > 0
