@@ -238,6 +238,7 @@ class Planner:
                 self.evaluator.costs,
                 self.grouping.op_group,
                 self.space,
+                free_s=self.lower_bound_s(),
                 time_limit_s=left_s,
             )
         if bound is None:

@@ -37,7 +37,14 @@ from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, ResolvedStrategy
 
-__all__ = ["Placement", "batch_slices", "has_batch_input", "place", "sums_partials"]
+__all__ = [
+    "Placement",
+    "batch_slices",
+    "has_batch_input",
+    "parameter_ops",
+    "place",
+    "sums_partials",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,7 +116,7 @@ def _partial_producers(ir: GraphIR, op: int) -> list[int]:
     return ir.tensor_producer[inputs[partial]].tolist()
 
 
-def _parameter_ops(ir: GraphIR) -> np.ndarray:
+def parameter_ops(ir: GraphIR) -> np.ndarray:
     """Per op: is it a parameter's variable, optimizer slot or update op, or a sparse
     parameter's table or slot (its lookups and updates follow it by colocation)."""
     params, tables = ir.parameters, ir.sparse_parameters
@@ -182,7 +189,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     """Apply the placement rules of the module docstring to every op."""
     batch = ir.batch_size
     batch_input = has_batch_input(ir).tolist()
-    parameter_op = _parameter_ops(ir).tolist()
+    parameter_op = parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     adds_partials = sums_partials(ir).tolist()
     sfb_op = resolved.sfb_op.tolist()

@@ -100,9 +100,7 @@ def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:
     num_devices = cluster.num_devices
     signature = _device_signatures(placement, num_devices)
     representative = np.arange(num_devices, dtype=np.int32)
-    group_of = np.empty(num_devices, dtype=np.int64)
-    for g in range(cluster.num_groups):
-        group_of[cluster.group_devices(g)] = g
+    group_of = cluster.group_of_device
     for d in range(1, num_devices):
         if group_of[d] == group_of[d - 1] and signature[d] == signature[d - 1]:
             representative[d] = representative[d - 1]

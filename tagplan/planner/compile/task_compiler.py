@@ -254,7 +254,7 @@ class _TaskGraphCompilation:
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
         self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
-        self.task_copies: dict[int, int] = {}  # tasks standing for more than one
+        self.transfer_flows: dict[int, int] = {}  # transfers standing for several flows
         self.op_group = resolved.op_group.tolist()
         self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
         self.op_adds_partials = (
@@ -330,7 +330,7 @@ class _TaskGraphCompilation:
             latency_s=latency_part_s(seconds, nbytes / route.rate_bytes_per_s),
         )
         if flows > 1:
-            self.task_copies[task] = flows
+            self.transfer_flows[task] = flows
         self.out.read(copy, task)
         memory = self._bytes(tensor, copy.lo, copy.hi, memory=True, members=members)
         buffer = self.out.buffer(dst, memory * per_receiver, task)
@@ -588,11 +588,6 @@ class _TaskGraphCompilation:
         self.compute_s, self.measured_s = compute_s, measured_s
         names = fixed.instance_names(op, start - self.inst_ptr[op], len(instances))
         tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
-        if self.symmetry is not None:
-            members = self.members
-            for task, device in zip(tasks, devices, strict=True):
-                if members[device] > 1:
-                    self.task_copies[task] = members[device]
         self.instance_task[start:stop] = tasks
         return tasks
 
@@ -753,9 +748,10 @@ class _TaskGraphCompilation:
         )
         measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
         copies = None
-        if self.symmetry is not None:
-            copies = np.ones(graph.num_tasks, dtype=np.float64)
-            copies[list(self.task_copies)] = list(self.task_copies.values())
+        if self.symmetry is not None:  # a compute task stands for its class's members
+            members = self.symmetry.members[np.maximum(graph.task_device, 0)]
+            copies = np.where(graph.task_kind == COMPUTE, members, 1).astype(np.float64)
+            copies[list(self.transfer_flows)] = list(self.transfer_flows.values())
         return CompiledTasks(graph, self.placement, instance_task, measured, self.symmetry, copies)
 
 

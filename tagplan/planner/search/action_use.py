@@ -18,7 +18,12 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
 from tagplan.planner.compile.links import LinkLayout
-from tagplan.planner.compile.placement import batch_slices, has_batch_input, sums_partials
+from tagplan.planner.compile.placement import (
+    batch_slices,
+    has_batch_input,
+    parameter_ops,
+    sums_partials,
+)
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
@@ -35,13 +40,10 @@ _INFINITE = 2**30
 
 
 def _movable(ir: GraphIR) -> np.ndarray:
-    """Ops whose placement their own group's decision fixes (module docstring)."""
-    params, tables = ir.parameters, ir.sparse_parameters
-    fixed = np.zeros(ir.num_ops, dtype=bool)
-    for ops in (params.variable_op, params.slot_op, params.region_op, params.apply_op):
-        fixed[ops] = True
-    fixed[tables.variable_op] = True
-    fixed[tables.slot_op] = True
+    """Ops whose placement their own group's decision fixes (module docstring): not the
+    parameters' ops, nor ops colocated with a variable, nor the ``AddN`` of partials."""
+    fixed = parameter_ops(ir)
+    fixed[ir.parameters.apply_op] = True
     fixed |= np.isin(ir.colocation, ir.colocation[ir.variable_bytes > 0])
     return ~fixed & ~sums_partials(ir)
 
@@ -175,31 +177,24 @@ class ActionCharges:
         self.compute, self.out_port, self.in_port = 0, g_count, 2 * g_count
         self.uplink, self.downlink = 3 * g_count, 3 * g_count + m_count
         self.network = 3 * g_count + 2 * m_count
-        self.names = (
-            [f"{_group_name(cluster, g)} compute" for g in range(g_count)]
-            + [f"{_group_name(cluster, g)} out-ports" for g in range(g_count)]
-            + [f"{_group_name(cluster, g)} in-ports" for g in range(g_count)]
-            + [f"{m}/uplink" for m in cluster.machine_names]
-            + [f"{m}/downlink" for m in cluster.machine_names]
-            + ["network (uplinks on average)"]
-        )
         links = LinkLayout(cluster)
         d_count = cluster.num_devices
+        self.names = [
+            f"{name} {resource}"
+            for resource in ("compute", "out-ports", "in-ports")
+            for name in cluster.group_names
+        ]
+        self.names += [*links.names[2 * d_count :], "network (uplinks on average)"]
         self.port_bw = links.bandwidth_bytes_per_s[:d_count]
         self.nic_bw = links.bandwidth_bytes_per_s[2 * d_count : 2 * d_count + m_count]
-        self.device_group = np.empty(d_count, dtype=np.int64)
-        for g in range(g_count):
-            self.device_group[cluster.group_devices(g)] = g
+        self.device_group = cluster.group_of_device
         self.k = cluster.group_size.astype(np.float64)
-        self._seconds: dict[tuple[int, int], np.ndarray] = {}
         self._per_group: dict[tuple[str, int, int], np.ndarray] = {}
 
     def seconds(self, gpu_type: int, local: int) -> np.ndarray:
-        key = (gpu_type, local)
-        found = self._seconds.get(key)
-        if found is None:
-            found = self._seconds[key] = self.costs.op_times(gpu_type, local).seconds
-        return found
+        """Every op's seconds on one GPU of ``gpu_type`` at ``local`` examples (the cost
+        model remembers them)."""
+        return self.costs.op_times(gpu_type, local).seconds
 
     def group_seconds(self, kind: str, gpu_type: int, local: int) -> np.ndarray:
         key = (kind, gpu_type, local)
@@ -308,8 +303,3 @@ class ActionCharges:
             loads[:, self.uplink : self.uplink + m_count] += up
         else:
             use.ps_uplinks = (machines, up)
-
-
-def _group_name(cluster: Cluster, group: int) -> str:
-    machine = cluster.machine_names[int(cluster.group_machine[group])]
-    return f"{machine}/{cluster.group_type_name(group)}"

@@ -78,7 +78,6 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.action_use import ActionCharges
 from tagplan.planner.search.actions import Action, ActionSpace
-from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.topology import Cluster
 
 __all__ = ["CommBound", "comm_bound"]
@@ -92,7 +91,6 @@ class CommBound:
     lp_s: float
     free_s: float  # :func:`.lower_bound.lower_bound`'s step
     busiest: str  # the resource whose load is the LP's optimum
-    solve_time_s: float
 
 
 class _Program:
@@ -155,32 +153,32 @@ def comm_bound(
     op_group: np.ndarray,
     space: ActionSpace,
     *,
+    free_s: float,
     time_limit_s: float | None = None,
 ) -> CommBound | None:
     """The bound of the module docstring for the op groups ``op_group`` and the candidate
-    actions of ``space``; ``None`` when the LP is not solved within ``time_limit_s``."""
+    actions of ``space``, given ``free_s``, the communication-free bound
+    (:func:`.lower_bound.lower_bound`); ``None`` when the LP is not solved within
+    ``time_limit_s``."""
     started = time.perf_counter()
-    free = lower_bound(ir, cluster, costs).step_time_s
     bound = ActionCharges(ir, cluster, costs, op_group)
     n, r = bound.num_groups, len(bound.names)
-    scale = 1.0 / free if free > 0 else 1.0  # seconds in units of the free bound
+    scale = 1.0 / free_s if free_s > 0 else 1.0  # seconds in units of the free bound
     program = _Program()
     resource_row = program.new_rows(False, r)  # load - T <= 0, one row per resource
     program.rows(False, resource_row + np.arange(r), np.zeros(r), np.full(r, -1.0))
     x_of_group: list[list[int]] = [[] for _ in range(n)]
-    classes: dict[tuple, int] = {}  # duration class -> index
-    class_actions: list[list[tuple[int, int]]] = []  # per class: (group, x column)
+    # duration class -> op group -> the columns of its actions in that class
+    classes: dict[tuple, dict[int, list[int]]] = {}
     sync_cols: list[list[tuple[int, float]]] = [[] for _ in range(len(bound.synced.group))]
     for action in space.actions:
         use = bound.use(action, space.decision(action))
-        c = classes.setdefault(use.duration_class, len(classes))
-        if c == len(class_actions):
-            class_actions.append([])
+        in_class = classes.setdefault(use.duration_class, {})
         first_x = program.new(n)
         for i in range(n):
             x = first_x + i
             x_of_group[i].append(x)
-            class_actions[c].append((i, x))
+            in_class.setdefault(i, []).append(x)
             hit = np.flatnonzero(use.loads[i] > 0)
             program.rows(False, resource_row + hit, np.full(len(hit), x), use.loads[i, hit] * scale)
             if use.spread is not None and use.spread[i] > 0:
@@ -192,7 +190,7 @@ def comm_bound(
     for xs in x_of_group:
         row = program.new_rows(True, 1, 1.0)
         program.rows(True, np.full(len(xs), row), xs, np.ones(len(xs)))
-    _critical_path(program, bound, classes, class_actions, sync_cols, scale)
+    _critical_path(program, bound, classes, sync_cols, scale)
     if time_limit_s is not None:
         time_limit_s -= time.perf_counter() - started
         if time_limit_s <= 0:
@@ -201,13 +199,7 @@ def comm_bound(
     if solved is None:
         return None
     lp_s, busiest = solved[0] / scale, solved[1]
-    return CommBound(
-        step_time_s=max(lp_s, free),
-        lp_s=lp_s,
-        free_s=free,
-        busiest=busiest,
-        solve_time_s=time.perf_counter() - started,
-    )
+    return CommBound(step_time_s=max(lp_s, free_s), lp_s=lp_s, free_s=free_s, busiest=busiest)
 
 
 def _spread(
@@ -245,8 +237,7 @@ def _exempt_one(
 def _critical_path(
     program: _Program,
     bound: ActionCharges,
-    classes: dict[tuple, int],
-    class_actions: list[list[tuple[int, int]]],
+    classes: dict[tuple, dict[int, list[int]]],
     sync_cols: list[list[tuple[int, float]]],
     scale: float,
 ) -> None:
@@ -262,12 +253,9 @@ def _critical_path(
     # dur_o - sum_c y_{i,c} w_o(c) = 0
     dur_row = program.new_rows(True, num_ops)
     program.rows(True, dur_row + np.arange(num_ops), dur0 + np.arange(num_ops), np.ones(num_ops))
-    for key, c in classes.items():
+    for key, in_class in classes.items():
         weights = bound.durations(key) * scale
-        members: dict[int, list[int]] = {}
-        for i, x in class_actions[c]:
-            members.setdefault(i, []).append(x)
-        for i, xs in members.items():
+        for i, xs in in_class.items():
             y = program.new()
             program.fractions_of(np.array(xs), y)
             ops = ops_of_group[i]

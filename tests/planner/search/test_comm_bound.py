@@ -22,6 +22,12 @@ from tests.planner.clusters import gpus
 from tests.planner.graph.builders import dense_graph, graph_def
 
 
+def bound_of(ir, cluster, costs: OpCostModel, op_group: np.ndarray, space, **options):
+    """:func:`comm_bound` given the communication-free bound, as a plan gives it."""
+    free_s = lower_bound(ir, cluster, costs).step_time_s
+    return comm_bound(ir, cluster, costs, op_group, space, free_s=free_s, **options)
+
+
 @pytest.mark.parametrize(("features", "units"), [(256, 256), (256, 4)])
 def test_dense_layer_over_two_machines_by_hand(features: int, units: int) -> None:
     """loss = sum(x @ w) data-parallel over two machines of one T4 behind a 0.01 Gbps
@@ -36,7 +42,7 @@ def test_dense_layer_over_two_machines_by_hand(features: int, units: int) -> Non
     space = ActionSpace(ir, cluster, costs)
     space.actions = (Action((0, 1), Option.REPLICATE_ALLREDUCE),)
     op_group = np.zeros(ir.num_ops, dtype=np.int32)
-    bound = comm_bound(ir, cluster, costs, op_group, space)
+    bound = bound_of(ir, cluster, costs, op_group, space)
     assert bound is not None
     network_s = min(4 * features * units, 4 * batch * features / 2) / (0.01e9 / 8)
     compute_s = float(costs.op_times(0, batch).seconds.sum())
@@ -61,7 +67,7 @@ def test_slow_network_raises_only_the_bound_counting_it() -> None:
         cluster = gpus("T4", 2, 1, network_gbps=gbps)
         costs = OpCostModel(ir, cluster)
         grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=4)
-        found[gbps] = comm_bound(
+        found[gbps] = bound_of(
             ir, cluster, costs, grouping.op_group, ActionSpace(ir, cluster, costs)
         )
     assert found[100.0].free_s == pytest.approx(found[0.1].free_s)
@@ -74,7 +80,7 @@ def test_a_spent_time_limit_gives_no_bound() -> None:
     costs = OpCostModel(ir, cluster)
     op_group = np.zeros(ir.num_ops, dtype=np.int32)
     space = ActionSpace(ir, cluster, costs)
-    assert comm_bound(ir, cluster, costs, op_group, space, time_limit_s=0.0) is None
+    assert bound_of(ir, cluster, costs, op_group, space, time_limit_s=0.0) is None
 
 
 CLUSTERS = ["random:3", "random:11", "slow-pairs"]
@@ -112,7 +118,7 @@ def test_no_strategy_of_the_actions_beats_it(model: str, cluster_name: str) -> N
     costs = evaluator.costs
     space = ActionSpace(ir, cluster, costs)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=6)
-    bound = comm_bound(ir, cluster, costs, grouping.op_group, space)
+    bound = bound_of(ir, cluster, costs, grouping.op_group, space)
     assert bound is not None
     assert bound.step_time_s >= lower_bound(ir, cluster, costs).step_time_s
     search = StrategySearch(evaluator, grouping, space, reference_step_s=1.0)
