@@ -13,6 +13,14 @@ device groups it uses (the placement row P_i) and one replication option O_i:
 * ``model-parallel``: the group's ops are divided among the GPUs, each op on one GPU
   with the full batch.
 
+A strategy may also run its op groups as a **pipeline** (TAG §6's future work, as GPipe
+and PipeDream-Flush build it): ``pipeline.stages`` lists op groups per stage, first stage
+first, each stage on GPUs of its own; the batch is cut into ``micro_batches`` equal
+micro-batches, which flow through the stages in the order ``schedule`` gives each stage
+(:mod:`tagplan.planner.compile.pipeline`); a staged group's gradients are accumulated over
+the micro-batches before they are synchronized. Inside a stage a group is replicated
+(``replicate-allreduce`` or ``replicate-ps``): data parallelism inside the stage.
+
 HeteroG's refinements (§3.4) are optional per group: several replicas per GPU
 (``replicas``) or uneven batch shares (``batch_weights``), the collective algorithm, and
 for model parallelism an explicit op placement. ``sfb`` maps a parameter to the ops of
@@ -46,7 +54,9 @@ __all__ = [
     "Mode",
     "OpGroup",
     "Option",
+    "Pipeline",
     "ResolvedStrategy",
+    "Schedule",
     "Strategy",
     "decision_replicas",
     "layer_ops",
@@ -123,6 +133,33 @@ class OpGroup(BaseModel):
     decision: GroupDecision
 
 
+class Schedule(StrEnum):
+    """The order in which a pipeline stage runs its micro-batches.
+
+    ``gpipe``: every forward, then every backward (GPipe's fill-drain); ``1f1b``: stage
+    ``s`` of ``p`` runs ``p - s - 1`` forwards, then alternates one forward and one
+    backward, then the remaining backwards (PipeDream-Flush): the same bubble as GPipe,
+    with at most ``p - s`` micro-batches' activations alive instead of all of them.
+    """
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+
+class Pipeline(BaseModel):
+    """Op groups run as pipeline stages over micro-batches.
+
+    ``stages[s]`` are the op group indices (into ``Strategy.groups``; ``len(groups)``
+    names the default decision) of stage ``s``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stages: list[list[int]] = Field(min_length=1)
+    micro_batches: int = Field(ge=1)
+    schedule: Schedule = Schedule.GPIPE
+
+
 class Strategy(BaseModel):
     """A whole deployment strategy; ops in no group follow ``default``."""
 
@@ -133,6 +170,7 @@ class Strategy(BaseModel):
     groups: list[OpGroup] = Field(default_factory=list)
     default: GroupDecision | None = None
     sfb: dict[str, list[str]] = Field(default_factory=dict)  # parameter -> ops to duplicate
+    pipeline: Pipeline | None = None
 
     @model_validator(mode="after")
     def _covers_something(self) -> Strategy:
@@ -172,7 +210,10 @@ class ResolvedStrategy:
     ``op_group[i]`` is op ``i``'s group. Group ``g``'s replicas are
     ``replica_device[replica_ptr[g]:replica_ptr[g + 1]]`` (a device appears once per
     replica on it) with ``replica_weight`` their batch shares (summing to 1).
-    ``op_device[i]`` is the device of an op placed model-parallel (else -1).
+    ``op_device[i]`` is the device of an op placed model-parallel (else -1). A group of
+    pipeline stage ``group_stage[g]`` (-1: not staged) cuts the batch into
+    ``group_micro_batches[g]`` micro-batches: its replicas are laid out micro-batch-major,
+    the GPUs' replicas of micro-batch 0, then of micro-batch 1, ...
     """
 
     strategy: Strategy
@@ -187,6 +228,12 @@ class ResolvedStrategy:
     op_device: np.ndarray  # int32 per op: model-parallel placement, -1 otherwise
     sfb_parameters: np.ndarray  # int32: rows of ir.parameters
     sfb_op: np.ndarray  # bool per op: duplicated for sufficient-factor broadcast
+    group_stage: np.ndarray  # int32 per group: pipeline stage, -1 when not staged
+    group_micro_batches: np.ndarray  # int32 per group: 1 unless staged
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        return self.strategy.pipeline
 
     @property
     def num_groups(self) -> int:
@@ -338,6 +385,48 @@ def _place_explicitly(
         placed.add((colocation, device_name))
 
 
+def _pipeline_stages(
+    pipeline: Pipeline | None, decisions: list[GroupDecision], cluster: Cluster, batch: int
+) -> np.ndarray:
+    """Each group's pipeline stage (-1: none), with the pipeline checked: stages name
+    existing groups once each, replicate them, and use GPUs no other stage uses."""
+    stage_of = np.full(len(decisions), -1, dtype=np.int32)
+    if pipeline is None:
+        return stage_of
+    if pipeline.micro_batches > batch:
+        raise InvalidInput(
+            f"pipeline: {pipeline.micro_batches} micro-batches exceed the batch of {batch}"
+        )
+    owner: dict[int, int] = {}  # device -> stage
+    for stage, groups in enumerate(pipeline.stages):
+        if not groups:
+            raise InvalidInput(f"pipeline: stage {stage} has no op groups")
+        for group in groups:
+            if not 0 <= group < len(decisions):
+                raise InvalidInput(
+                    f"pipeline: stage {stage} names op group {group}; the strategy has "
+                    f"{len(decisions)} (the last one the default)"
+                )
+            if stage_of[group] >= 0:
+                raise InvalidInput(
+                    f"pipeline: op group {group} is in stages {int(stage_of[group])} and {stage}"
+                )
+            decision = decisions[group]
+            if decision.option not in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
+                raise InvalidInput(
+                    f"pipeline: op group {group} is {decision.option.value}; a stage "
+                    "replicates its groups (replicate-allreduce or replicate-ps)"
+                )
+            stage_of[group] = stage
+            for device in _group_devices(decision, cluster, f"group {group}").tolist():
+                if owner.setdefault(device, stage) != stage:
+                    raise InvalidInput(
+                        f"pipeline: stages {owner[device]} and {stage} share "
+                        f"{cluster.device_names[device]}; each stage needs GPUs of its own"
+                    )
+    return stage_of
+
+
 def resolve(
     strategy: Strategy,
     ir: GraphIR,
@@ -373,6 +462,10 @@ def resolve(
         decisions.append(strategy.default)
 
     work = op_work if op_work is not None else np.ones(ir.num_ops)
+    group_stage = _pipeline_stages(strategy.pipeline, decisions, cluster, ir.batch_size)
+    micro_batches = np.where(
+        group_stage >= 0, strategy.pipeline.micro_batches if strategy.pipeline else 1, 1
+    ).astype(np.int32)
     ptr = [0]
     replica_device: list[np.ndarray] = []
     replica_weight: list[np.ndarray] = []
@@ -382,9 +475,10 @@ def resolve(
         where = f"group {group}" if group < len(strategy.groups) else "default"
         devices = _group_devices(decision, cluster, where)
         replicas, weights = _replicas(decision, devices, names, where)
-        replica_device.append(replicas)
-        replica_weight.append(weights)
-        ptr.append(ptr[-1] + len(replicas))
+        count = int(micro_batches[group])  # micro-batch-major: every GPU's replicas per one
+        replica_device.append(np.tile(replicas, count))
+        replica_weight.append(np.tile(weights, count) / count)
+        ptr.append(ptr[-1] + len(replicas) * count)
         if decision.option == Option.REPLICATE_PS:
             if decision.ps_device is not None:
                 device = names.get(decision.ps_device)
@@ -423,6 +517,8 @@ def resolve(
         op_device=op_device,
         sfb_parameters=np.array(sfb, dtype=np.int32),
         sfb_op=sfb_op,
+        group_stage=group_stage,
+        group_micro_batches=micro_batches,
     )
 
 

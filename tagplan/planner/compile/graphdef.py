@@ -69,6 +69,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
+from tagplan.planner.compile.covering import covering_pieces
+from tagplan.planner.compile.pipeline import control_pairs, micro_batched_ops, phase_barriers
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.state import graph_digest, state_ops
 from tagplan.planner.errors import InvalidInput
@@ -324,6 +326,7 @@ class _GraphDefCompilation:
             raise InvalidInput(f"the IR names ops {missing[:3]} that the GraphDef does not hold")
         self.placement = place(ir, resolved)
         self.adds_partials = sums_partials(ir) & (self.placement.op_mode == Mode.SPLIT)
+        self.micro_batched = micro_batched_ops(resolved, self.placement).tolist()
         self.devices = [worker_device(cluster, d) for d in range(cluster.num_devices)]
         self.instance_node = [
             name if len(self.placement.instances(op)) == 1 else f"{name}/replica_{k}"
@@ -405,10 +408,15 @@ class _GraphDefCompilation:
         if partial:
             return self._reduce(tensor, partial, device, reader)
         pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
+        return self._concat(tensor, pieces, device, 0, batch)
+
+    def _concat(self, tensor: int, pieces: list[_Copy], device: int, lo: int, hi: int) -> _Copy:
+        """A ``ConcatV2`` on ``device`` of adjacent ``pieces``: rows ``[lo, hi)``."""
         local = [self._local(tensor, piece, device) for piece in pieces]
         where = self.devices[device]
         axis_value = np.array(int(self.ir.tensor_batch_axis[tensor]), dtype=np.int32)
-        label = self._label(tensor)
+        whole = hi - lo == self.ir.batch_size
+        label = self._label(tensor) + ("" if whole else f"/rows_{lo}_{hi}")
         axis = self.out.const(f"{label}/concat/axis_d{device}", where, axis_value, _DT_INT32)
         name = self.out.name(f"{label}/concat_d{device}")
         node = self.out.node(
@@ -420,9 +428,9 @@ class _GraphDefCompilation:
             T=self._dtype(tensor),
             Tidx=_DT_INT32,
         )
-        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
+        _set_shapes(node, [self._shape(tensor, lo, hi)])
         self.auxiliary.append(("concat", (name,)))
-        return self._keep(tensor, _Copy(device, 0, batch, _FULL, name))
+        return self._keep(tensor, _Copy(device, lo, hi, _FULL if whole else _SLICE, name))
 
     def _weighted(self, tensor: int, copy: _Copy, device: int) -> str:
         """A partial result ready to add: batch statistics scaled by the replica's share."""
@@ -534,35 +542,53 @@ class _GraphDefCompilation:
         cached = self.cache.get((tensor, device, lo, hi))
         if cached is not None:
             return cached
-        exact = [c for c in self.copies[tensor] if c.kind == _SLICE and (c.lo, c.hi) == (lo, hi)]
+        slices = [c for c in self.copies[tensor] if c.kind == _SLICE]
+        exact = [c for c in slices if (c.lo, c.hi) == (lo, hi)]
         if exact:
             return self._local(tensor, self._closest(exact, device), device)
         whole_here = self.cache.get((tensor, device, 0, self.ir.batch_size))
+        covering = None
+        if whole_here is None and slices:
+            covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
+        if covering is not None:
+            if len(covering) > 1:
+                joined = self._concat(tensor, covering, device, covering[0].lo, covering[-1].hi)
+                if (joined.lo, joined.hi) == (lo, hi):
+                    return joined
+                covering = [joined]
+            return self._local(tensor, self._cut(tensor, covering[0], lo, hi), device)
         source = device if whole_here is not None else self._hub(tensor)
         whole = self._full(tensor, source, reader)
+        return self._local(tensor, self._cut(tensor, whole, lo, hi), device)
+
+    def _cut(self, tensor: int, source: _Copy, lo: int, hi: int) -> _Copy:
+        """A ``Slice`` of rows ``[lo, hi)`` out of ``source`` (a whole copy or a piece
+        holding them), where ``source`` is."""
         shape = self.ir.tensor_shapes[tensor]
         axis = int(self.ir.tensor_batch_axis[tensor])
         if shape is None:
             raise InvalidInput(f"cannot split {self._label(tensor)}: its rank is unknown")
         begin, size = np.zeros(len(shape), np.int32), np.full(len(shape), -1, np.int32)
         local = self._shape(tensor, lo, hi)
-        begin[axis] = shape[axis] * lo // self.ir.batch_size if shape[axis] >= 0 else lo
+        offset = lo - source.lo
+        begin[axis] = shape[axis] * offset // self.ir.batch_size if shape[axis] >= 0 else offset
         size[axis] = local[axis] if local is not None and local[axis] >= 0 else hi - lo
-        where, label = self.devices[source], f"{self._label(tensor)}/split_{lo}_{hi}"
+        device = source.device
+        where, label = self.devices[device], f"{self._label(tensor)}/split_{lo}_{hi}"
         consts = (
-            self.out.const(f"{label}/begin_d{source}", where, begin, _DT_INT32),
-            self.out.const(f"{label}/size_d{source}", where, size, _DT_INT32),
+            self.out.const(f"{label}/begin_d{device}", where, begin, _DT_INT32),
+            self.out.const(f"{label}/size_d{device}", where, size, _DT_INT32),
         )
-        name = self.out.name(f"{label}_d{source}")
+        name = self.out.name(f"{label}_d{device}")
         node = self.out.node(
-            name, "Slice", where, [whole.ref, *consts], T=self._dtype(tensor), Index=_DT_INT32
+            name, "Slice", where, [source.ref, *consts], T=self._dtype(tensor), Index=_DT_INT32
         )
         _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
         self.slices[name] = (lo, hi, consts)
-        piece = _Copy(source, lo, hi, _SLICE, name)
-        self.cache[(tensor, source, lo, hi)] = piece
-        return self._local(tensor, piece, device)
+        piece = _Copy(device, lo, hi, _SLICE, name)
+        self.cache[(tensor, device, lo, hi)] = piece
+        return piece
 
     def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
         """Per-replica statistics and shapes are read where they are, by the same replica."""
@@ -577,19 +603,28 @@ class _GraphDefCompilation:
         that adds up partials is placed only where they are)."""
         return self.partials[(tensor, device, lo, hi)]
 
-    def _control_inputs(self, op: int) -> list[str]:
-        """``^`` inputs making every instance of ``op`` wait for every instance of its
+    def _control_inputs(self, op: int, inst: int) -> list[str]:
+        """``^`` inputs making an instance of ``op`` wait for every instance of its
         control predecessors: directly when that is few edges, else through one ``NoOp``
-        that waits for them all (the same ordering, ``p + s`` edges instead of ``p * s``)."""
+        that waits for them all (the same ordering, ``p + s`` edges instead of ``p * s``);
+        of a micro-batched predecessor of a micro-batched op, for the instances of its rows
+        (:func:`~.pipeline.control_pairs`)."""
+        preds = self.ir.control_preds(op).tolist()
+        by_rows = [p for p in preds if self.micro_batched[p] and self.micro_batched[op]]
+        own = [
+            f"^{self.instance_node[i]}"
+            for p in by_rows
+            for i, j in zip(*control_pairs(self.placement, p, op), strict=True)
+            if j == inst
+        ]
+        return self._shared_control_inputs(op, [p for p in preds if p not in by_rows]) + own
+
+    def _shared_control_inputs(self, op: int, preds: list[int]) -> list[str]:
         found = self.control_inputs.get(op)
         if found is not None:
             return found
         placement = self.placement
-        waits = [
-            f"^{self.instance_node[i]}"
-            for pred in self.ir.control_preds(op).tolist()
-            for i in placement.instances(pred)
-        ]
+        waits = [f"^{self.instance_node[i]}" for pred in preds for i in placement.instances(pred)]
         count = len(placement.instances(op))
         if len(waits) * count > len(waits) + count:
             first = int(placement.inst_device[placement.inst_ptr[op]])
@@ -715,7 +750,7 @@ class _GraphDefCompilation:
                 self._local_shape(op, position, copy.ref, inst) if local_rows else copy.ref
             )
         if len(ir.control_preds(op)):
-            inputs.extend(self._control_inputs(op))
+            inputs.extend(self._control_inputs(op, inst))
         node = NodeDef()
         node.CopyFrom(self.originals[ir.op_names[op]])
         node.name, node.device = name, self.devices[device]
@@ -867,6 +902,12 @@ class _GraphDefCompilation:
                 tensor = int(ir.outputs(ir.loss_op)[0])
                 loss = _node_of(self._full(tensor, int(placement.inst_device[first]), -1).ref)
         self._schedule_collectives()
+        for name, waits, releases in phase_barriers(ir, self.resolved, placement):
+            self._barrier(
+                name,
+                {self.instance_node[i] for i in waits.tolist()},
+                [self.instance_node[i] for i in releases.tolist()],
+            )
         inputs = self._fold_inputs()
         updates = [self.instance_node[i] for op in self._updates() for i in placement.instances(op)]
         train_op = self.out.name("train_op")

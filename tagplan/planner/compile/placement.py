@@ -21,7 +21,11 @@ Per op, from its group's decision and its split category (TAG §4.1.1):
   there, the replicas pulling the rows their batch reads and pushing back the gradient
   rows, never the table;
 * a ``duplicate`` group runs every op on every GPU of the group with the full batch;
-* a ``model-parallel`` group runs each op once on the GPU the strategy assigned it.
+* a ``model-parallel`` group runs each op once on the GPU the strategy assigned it;
+* a pipeline stage's group runs its split ops once per replica per micro-batch: the
+  batch is cut into equal micro-batches and each micro-batch among the group's replicas
+  by their shares (:func:`micro_batch_slices`), so a micro-batch's rows are the same in
+  every stage however many GPUs each has.
 
 Ops TensorFlow must colocate (a variable with its reads and updates) take the placement
 of the class's variable.
@@ -41,6 +45,7 @@ __all__ = [
     "Placement",
     "batch_slices",
     "has_batch_input",
+    "micro_batch_slices",
     "parameter_ops",
     "place",
     "sums_partials",
@@ -85,6 +90,22 @@ def batch_slices(weights: np.ndarray, batch_size: int) -> np.ndarray:
     if short > 0:
         counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
+def micro_batch_slices(weights: np.ndarray, batch_size: int, micro_batches: int) -> np.ndarray:
+    """Row boundaries of replicas laid out micro-batch-major (``weights`` repeats the
+    replicas' shares once per micro-batch): micro-batch ``j`` gets the rows
+    ``batch_slices(ones(micro_batches), batch_size)[j:j + 2]``, which its replicas share
+    by weight."""
+    if micro_batches == 1:
+        return batch_slices(weights, batch_size)
+    outer = batch_slices(np.ones(micro_batches), batch_size)
+    per = len(weights) // micro_batches
+    bounds = [outer[:1]]
+    for j in range(micro_batches):
+        inner = batch_slices(weights[j * per : (j + 1) * per], int(outer[j + 1] - outer[j]))
+        bounds.append(inner[1:] + outer[j])
+    return np.concatenate(bounds).astype(np.int32)
 
 
 def _variable_of_class(ir: GraphIR) -> dict[int, int]:
@@ -146,7 +167,7 @@ class _GroupLayout:
     def __init__(self, resolved: ResolvedStrategy, group: int, batch: int) -> None:
         option = resolved.option(group)
         replica_devices, weights = resolved.replicas(group)
-        bounds = batch_slices(weights, batch)
+        bounds = micro_batch_slices(weights, batch, int(resolved.group_micro_batches[group]))
         devices = resolved.devices(group)
         if option in (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS):
             # a GPU whose replicas get no rows (more replicas than examples) is left out
@@ -178,7 +199,8 @@ def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]
     for group in range(resolved.num_groups):
         devices, weights = resolved.replicas(group)
         option, ps = int(resolved.group_option[group]), int(resolved.group_ps_device[group])
-        key = (option, devices.tobytes(), weights.tobytes(), ps)
+        micro = int(resolved.group_micro_batches[group])
+        key = (option, devices.tobytes(), weights.tobytes(), ps, micro)
         if key not in shared:
             shared[key] = _GroupLayout(resolved, group, batch)
         layouts.append(shared[key])

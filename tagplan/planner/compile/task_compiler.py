@@ -40,12 +40,14 @@ from typing import NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
+from tagplan.planner.compile.covering import covering_pieces
 from tagplan.planner.compile.links import (
     LinkLayout,
     Route,
     latency_part_s,
     ring_bytes_per_link,
 )
+from tagplan.planner.compile.pipeline import control_pairs, micro_batched_ops, phase_barriers
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.symmetry import Asymmetric, Symmetry, symmetry_classes
 from tagplan.planner.compile.task_builder import TaskBuilder
@@ -188,7 +190,7 @@ class TaskCompiler:
         singles out a member, else per GPU."""
         placement = place(self.ir, resolved)
         with _collector_paused():
-            if by_class:
+            if by_class and resolved.pipeline is None:  # micro-batch rows are not contiguous
                 symmetry = symmetry_classes(placement, self.cluster)
                 if symmetry is not None:
                     try:
@@ -371,19 +373,27 @@ class _TaskGraphCompilation:
         if self.members[device] > 1:  # its first member would gather, the rest copy
             raise Asymmetric("a class gathers a split tensor")
         pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
+        return self._concat(tensor, pieces, device, group, 0, batch)
+
+    def _concat(
+        self, tensor: int, pieces: list[_Copy], device: int, group: int, lo: int, hi: int
+    ) -> _Copy:
+        """A ``Concat`` on ``device`` of adjacent ``pieces`` (sent there), rows ``[lo, hi)``."""
         local = [self._local(tensor, piece, device, group) for piece in pieces]
-        nbytes = self._bytes(tensor, 0, batch)
+        nbytes = self._bytes(tensor, lo, hi)
+        rows = "" if hi - lo == self.batch else f"[{lo}:{hi}]"
         task = self.out.task(
             COMPUTE,
             device,
             self.fixed.aux_seconds(device, 2 * nbytes),
             group,
-            f"concat {self.fixed.tensor_names[tensor]} on {self.fixed.device_names[device]}",
+            f"concat {self.fixed.tensor_names[tensor]}{rows} on {self.fixed.device_names[device]}",
         )
         for piece in local:
             self.out.read(piece, task)
-        buffer = self.out.buffer(device, self._bytes(tensor, 0, batch, memory=True), task)
-        return self._keep(tensor, _Copy(device, 0, batch, _FULL, task, buffer))
+        buffer = self.out.buffer(device, self._bytes(tensor, lo, hi, memory=True), task)
+        kind = _FULL if hi - lo == self.batch else _SLICE
+        return self._keep(tensor, _Copy(device, lo, hi, kind, task, buffer))
 
     def _keep(self, tensor: int, copy: _Copy) -> _Copy:
         """Record a new whole copy so later readers can fetch it instead of rebuilding it."""
@@ -494,29 +504,53 @@ class _TaskGraphCompilation:
         cached = self.cache.get((tensor, device, lo, hi))
         if cached is not None:
             return cached
-        exact = [c for c in self.copies[tensor] if c.kind == _SLICE and (c.lo, c.hi) == (lo, hi)]
+        slices = [c for c in self.copies[tensor] if c.kind == _SLICE]
+        exact = [c for c in slices if (c.lo, c.hi) == (lo, hi)]
         if exact:
             return self._local(tensor, self._closest(exact, device), device, group)
         whole_here = self.cache.get((tensor, device, 0, self.batch))
+        covering = None
+        if whole_here is None and slices:
+            covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
+        if covering is not None:
+            if self.symmetry is not None:
+                raise Asymmetric("a reader gathers or cuts pieces of another layout")
+            if len(covering) > 1:
+                joined = self._concat(
+                    tensor, covering, device, group, covering[0].lo, covering[-1].hi
+                )
+                if (joined.lo, joined.hi) == (lo, hi):
+                    return joined
+                covering = [joined]
+            return self._local(tensor, self._cut(tensor, covering[0], lo, hi, group), device, group)
         source = device if whole_here is not None else self._hub(tensor)
         if source != device and self.members[device] > 1:  # one Split per member, in turn
             raise Asymmetric("a hub splits a tensor for the members of a class")
         whole = self._full(tensor, source, group, reader)
-        nbytes = self._bytes(tensor, lo, hi, members=self.members[device])
+        piece = self._cut(tensor, whole, lo, hi, group, members=self.members[device])
+        return self._local(tensor, piece, device, group)
+
+    def _cut(
+        self, tensor: int, source: _Copy, lo: int, hi: int, group: int, *, members: int = 1
+    ) -> _Copy:
+        """A ``Split`` of rows ``[lo, hi)`` out of ``source`` (a whole copy or a piece
+        holding them), where ``source`` is."""
+        device = source.device
+        nbytes = self._bytes(tensor, lo, hi, members=members)
         task = self.out.task(
             COMPUTE,
-            source,
-            self.fixed.aux_seconds(source, 2 * nbytes),
+            device,
+            self.fixed.aux_seconds(device, 2 * nbytes),
             group,
             f"split {self.fixed.tensor_names[tensor]}[{lo}:{hi}] on "
-            f"{self.fixed.device_names[source]}",
+            f"{self.fixed.device_names[device]}",
         )
-        self.out.read(whole, task)
-        memory = self._bytes(tensor, lo, hi, memory=True, members=self.members[device])
-        buffer = self.out.buffer(source, memory, task)
-        piece = _Copy(source, lo, hi, _SLICE, task, buffer)
-        self.cache[(tensor, source, lo, hi)] = piece
-        return self._local(tensor, piece, device, group)
+        self.out.read(source, task)
+        memory = self._bytes(tensor, lo, hi, memory=True, members=members)
+        buffer = self.out.buffer(device, memory, task)
+        piece = _Copy(device, lo, hi, _SLICE, task, buffer)
+        self.cache[(tensor, device, lo, hi)] = piece
+        return piece
 
     def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
         """Per-replica batch statistics are used where they are, as in every data-parallel
@@ -695,7 +729,8 @@ class _TaskGraphCompilation:
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance
-        of each of its control predecessors.
+        of each of its control predecessors (micro-batched pairs: for the instances of
+        its rows, :func:`~.pipeline.control_pairs`).
 
         An op whose control predecessors have ``p`` instances in all and which has ``s``
         of its own would need ``p * s`` edges (a million at 32 GPUs for a ResNet): where
@@ -710,16 +745,26 @@ class _TaskGraphCompilation:
         count = np.bincount(op_of, weights=members, minlength=ir.num_ops).astype(np.int64)
         succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
         pred_op = ir.control_pred.astype(np.int64)
+        micro = micro_batched_ops(self.resolved, self.placement)
+        by_rows = micro[pred_op] & micro[succ_op]
+        preds, succs = [], []
+        for p, q in zip(pred_op[by_rows].tolist(), succ_op[by_rows].tolist(), strict=True):
+            pred_inst, succ_inst = control_pairs(self.placement, p, q)
+            preds.append(instance_task[pred_inst].astype(np.int64))
+            succs.append(instance_task[succ_inst].astype(np.int64))
+        succ_op, pred_op = succ_op[~by_rows], pred_op[~by_rows]
         waited = np.bincount(succ_op, weights=count[pred_op], minlength=ir.num_ops)
         gated = waited * count > waited + count
         pred_inst, succ_inst = _all_pairs(ptr, pred_op, succ_op, ~gated[succ_op])
-        preds = [instance_task[pred_inst].astype(np.int64)]
-        succs = [instance_task[succ_inst].astype(np.int64)]
+        preds.append(instance_task[pred_inst].astype(np.int64))
+        succs.append(instance_task[succ_inst].astype(np.int64))
         for op in np.flatnonzero(gated).tolist():
             barrier = self.out.task(
                 TRANSFER, -1, 0.0, self.op_group[op], f"{ir.op_names[op]}/control_barrier"
             )
-            waits = np.concatenate([np.arange(ptr[p], ptr[p + 1]) for p in ir.control_preds(op)])
+            waits = np.concatenate(
+                [np.arange(ptr[p], ptr[p + 1]) for p in pred_op[succ_op == op].tolist()]
+            )
             preds += [instance_task[waits], np.full(ptr[op + 1] - ptr[op], barrier)]
             succs += [np.full(len(waits), barrier), instance_task[ptr[op] : ptr[op + 1]]]
         return np.concatenate(preds).astype(np.int64), np.concatenate(succs).astype(np.int64)
@@ -739,6 +784,17 @@ class _TaskGraphCompilation:
         self._schedule_collectives()
         fixed = self.fixed
         instance_task = np.array(self.instance_task, dtype=np.int32)
+        for name, waits, releases in phase_barriers(fixed.ir, self.resolved, self.placement):
+            group = self.op_group[
+                int(np.searchsorted(self.placement.inst_ptr, releases[0], "right")) - 1
+            ]
+            _barrier(
+                self.out,
+                name,
+                group,
+                frozenset(instance_task[waits].tolist()),
+                instance_task[releases].tolist(),
+            )
         graph = self.out.build(
             self._persistent_bytes(),
             fixed.links.num_links,

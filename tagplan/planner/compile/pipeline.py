@@ -1,0 +1,175 @@
+"""Pipeline schedules as orders of phases on each GPU, for both back ends.
+
+A pipelined strategy (:class:`~tagplan.planner.strategy.Pipeline`) cuts the batch into
+``m`` micro-batches; every split op of a stage's groups runs once per micro-batch and
+replica (:func:`~.placement.micro_batch_slices`). On one GPU of stage ``s`` a *phase* is
+``(F, j)``, the forward instances of micro-batch ``j`` (split ops the loss depends on), or
+``(B, j)``, the rest of its split instances (the backward pass and anything else reading
+the micro-batch). The schedule fixes the order of the phases (:func:`stage_order`) and
+both back ends enforce it the same way: between consecutive phases on a GPU, one
+zero-time barrier (a ``NoOp`` in the GraphDef) that waits for every instance of the
+first and that every instance of the second waits for (:func:`phase_barriers`).
+
+With ``p`` stages of equal times ``t_f`` and ``t_b`` per micro-batch and free
+communication, both schedules take ``(m + p - 1)(t_f + t_b)`` and leave each stage idle
+a fraction ``(p - 1) / (m + p - 1)`` of it (GPipe §2.3, "bubble"); stage ``s`` under
+``1f1b`` holds at most ``min(p - s, m)`` micro-batches' activations at once, under
+``gpipe`` all ``m`` (PipeDream-Flush, Narayanan et al. 2021 §2.2).
+
+A control dependency between two micro-batched ops holds micro-batch by micro-batch
+(:func:`control_pairs`): an instance waits for the predecessor's instances whose rows
+overlap its own, as TensorFlow's replicas of a subgraph each keep their own control edges;
+waiting for every micro-batch would join them.
+
+Micro-batches are independent only up to an op that needs the whole batch: a stage's op
+of category *none* reading batch data and feeding micro-batched ops would join them all
+(and deadlock ``1f1b``), so such a strategy is refused with the op's name.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from tagplan.planner.compile.placement import Placement, batch_slices, has_batch_input
+from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import Mode, ResolvedStrategy, Schedule
+
+__all__ = [
+    "BACKWARD",
+    "FORWARD",
+    "PhaseBarrier",
+    "control_pairs",
+    "forward_ops",
+    "micro_batched_ops",
+    "phase_barriers",
+    "stage_order",
+]
+
+FORWARD, BACKWARD = 0, 1
+
+PhaseBarrier = tuple[str, np.ndarray, np.ndarray]  # name, instances it waits for, releases
+
+
+def stage_order(
+    schedule: Schedule, stage: int, num_stages: int, micro_batches: int
+) -> list[tuple[int, int]]:
+    """The ``(FORWARD | BACKWARD, micro-batch)`` phases of ``stage`` in the order it runs
+    them: GPipe's every forward then every backward; 1F1B's ``p - s - 1`` warm-up
+    forwards, then one forward and one backward in turn, then the remaining backwards."""
+    m = micro_batches
+    if schedule == Schedule.GPIPE:
+        return [(FORWARD, j) for j in range(m)] + [(BACKWARD, j) for j in range(m)]
+    warmup = min(num_stages - stage - 1, m)
+    order = [(FORWARD, j) for j in range(warmup)]
+    for j in range(m - warmup):
+        order += [(FORWARD, warmup + j), (BACKWARD, j)]
+    return order + [(BACKWARD, j) for j in range(m - warmup, m)]
+
+
+@lru_cache(maxsize=8)
+def forward_ops(ir: GraphIR) -> np.ndarray:
+    """Per op: does the loss depend on it (the loss op included)."""
+    if ir.loss_op < 0:
+        raise InvalidInput(
+            "a pipeline needs the graph's loss to tell forward from backward ops; "
+            "name it when importing the graph"
+        )
+    found = np.zeros(ir.num_ops, dtype=bool)
+    stack = [ir.loss_op]
+    found[ir.loss_op] = True
+    while stack:
+        op = stack.pop()
+        for producer in ir.tensor_producer[ir.inputs(op)].tolist():
+            if not found[producer]:
+                found[producer] = True
+                stack.append(producer)
+    return found
+
+
+def micro_batched_ops(resolved: ResolvedStrategy, placement: Placement) -> np.ndarray:
+    """Per op: split in a pipeline stage, one instance per micro-batch and replica."""
+    return (placement.op_mode == Mode.SPLIT) & (resolved.group_stage[resolved.op_group] >= 0)
+
+
+def control_pairs(placement: Placement, pred: int, succ: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(pred instances, succ instances)``: each instance of micro-batched ``succ`` waits
+    for the instances of micro-batched ``pred`` whose rows overlap its own."""
+    p, s = placement.instances(pred), placement.instances(succ)
+    p_lo, p_hi = placement.inst_lo[p.start : p.stop], placement.inst_hi[p.start : p.stop]
+    s_lo, s_hi = placement.inst_lo[s.start : s.stop], placement.inst_hi[s.start : s.stop]
+    overlap = (p_lo[:, None] < s_hi[None, :]) & (s_lo[None, :] < p_hi[:, None])
+    i, j = np.nonzero(overlap)
+    return i + p.start, j + s.start
+
+
+def _check_no_gather(ir: GraphIR, staged_split: np.ndarray, staged: np.ndarray) -> None:
+    """Refuse a staged op that needs the whole batch and feeds micro-batched ops."""
+    gathers = staged & ~staged_split & has_batch_input(ir)
+    if not gathers.any():
+        return
+    reached = np.zeros(ir.num_ops, dtype=bool)
+    stack = np.flatnonzero(gathers).tolist()
+    origin = {op: op for op in stack}
+    while stack:
+        op = stack.pop()
+        for tensor in ir.outputs(op):
+            for reader in ir.consumers(tensor).tolist():
+                if staged_split[reader]:
+                    raise InvalidInput(
+                        f"pipeline: {ir.op_names[origin[op]]!r} needs the whole batch "
+                        f"and feeds micro-batched {ir.op_names[reader]!r}; micro-batches "
+                        "cannot flow past it"
+                    )
+                if not reached[reader]:
+                    reached[reader] = True
+                    origin[reader] = origin[op]
+                    stack.append(reader)
+
+
+def phase_barriers(
+    ir: GraphIR, resolved: ResolvedStrategy, placement: Placement
+) -> list[PhaseBarrier]:
+    """The barriers that order every staged GPU's phases by the schedule (empty without a
+    pipeline)."""
+    pipeline = resolved.pipeline
+    if pipeline is None:
+        return []
+    op_stage = resolved.group_stage[resolved.op_group]
+    staged_split = micro_batched_ops(resolved, placement)
+    _check_no_gather(ir, staged_split, op_stage >= 0)
+    forward = forward_ops(ir)
+    op_of = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
+    insts = np.flatnonzero(staged_split[op_of])
+    if not len(insts):
+        return []
+    m, num_stages = pipeline.micro_batches, len(pipeline.stages)
+    outer = batch_slices(np.ones(m), ir.batch_size)
+    micro = np.searchsorted(outer, placement.inst_lo[insts], side="right") - 1
+    kind = np.where(forward[op_of[insts]], FORWARD, BACKWARD)
+    stage = op_stage[op_of[insts]]
+    rank = np.empty(len(insts), dtype=np.int64)
+    for s in range(num_stages):
+        table = np.empty((2, m), dtype=np.int64)
+        for position, (k, j) in enumerate(stage_order(pipeline.schedule, s, num_stages, m)):
+            table[k, j] = position
+        here = stage == s
+        rank[here] = table[kind[here], micro[here]]
+    device = placement.inst_device[insts]
+    order = np.lexsort((rank, device))
+    insts, rank, device = insts[order], rank[order], device[order]
+    kind, micro = kind[order], micro[order]
+    keys = np.stack([device, rank])
+    starts = np.flatnonzero(np.r_[True, (keys[:, 1:] != keys[:, :-1]).any(axis=0)])
+    ends = np.r_[starts[1:], len(insts)]
+    barriers: list[PhaseBarrier] = []
+    for a in range(len(starts) - 1):
+        first, second = starts[a], starts[a + 1]
+        if device[first] != device[second]:
+            continue
+        phase = f"{'FB'[int(kind[second])]}{int(micro[second])}"
+        name = f"pipeline/gpu_{int(device[first])}/before_{phase}"
+        barriers.append((name, insts[first : ends[a]], insts[second : ends[a + 1]]))
+    return barriers
