@@ -389,7 +389,7 @@ def _pipeline_stages(
     pipeline: Pipeline | None, decisions: list[GroupDecision], cluster: Cluster, batch: int
 ) -> np.ndarray:
     """Each group's pipeline stage (-1: none), with the pipeline checked: stages name
-    existing groups once each, replicate them, and use GPUs no other stage uses."""
+    existing groups once each and replicate them."""
     stage_of = np.full(len(decisions), -1, dtype=np.int32)
     if pipeline is None:
         return stage_of
@@ -397,7 +397,6 @@ def _pipeline_stages(
         raise InvalidInput(
             f"pipeline: {pipeline.micro_batches} micro-batches exceed the batch of {batch}"
         )
-    owner: dict[int, int] = {}  # device -> stage
     for stage, groups in enumerate(pipeline.stages):
         if not groups:
             raise InvalidInput(f"pipeline: stage {stage} has no op groups")
@@ -418,13 +417,22 @@ def _pipeline_stages(
                     "replicates its groups (replicate-allreduce or replicate-ps)"
                 )
             stage_of[group] = stage
-            for device in _group_devices(decision, cluster, f"group {group}").tolist():
-                if owner.setdefault(device, stage) != stage:
-                    raise InvalidInput(
-                        f"pipeline: stages {owner[device]} and {stage} share "
-                        f"{cluster.device_names[device]}; each stage needs GPUs of its own"
-                    )
     return stage_of
+
+
+def _check_stage_gpus(
+    stage_of: np.ndarray, replica_device: list[np.ndarray], cluster: Cluster
+) -> None:
+    """Refuse two pipeline stages with replicas on one GPU."""
+    owner: dict[int, int] = {}  # device -> stage
+    for group in np.flatnonzero(stage_of >= 0).tolist():
+        stage = int(stage_of[group])
+        for device in np.unique(replica_device[group]).tolist():
+            if owner.setdefault(device, stage) != stage:
+                raise InvalidInput(
+                    f"pipeline: stages {owner[device]} and {stage} share "
+                    f"{cluster.device_names[device]}; each stage needs GPUs of its own"
+                )
 
 
 def resolve(
@@ -492,6 +500,7 @@ def resolve(
             op_device[ops] = _model_parallel_placement(ir, ops, devices, work)
             if decision.placement:
                 _place_explicitly(ir, decision.placement, ops, devices, names, op_device, where)
+    _check_stage_gpus(group_stage, replica_device, cluster)
     sfb: list[int] = []
     sfb_op = np.zeros(ir.num_ops, dtype=bool)
     parameter_rows = {name: row for row, name in enumerate(ir.parameters.names)}

@@ -447,6 +447,13 @@ class _GraphDefCompilation:
         return name
 
     def _addn(self, tensor: int, refs: list[str], device: int) -> str:
+        """An ``AddN`` of ``refs``; micro-batches' partials as a running sum, as the task
+        graph adds them."""
+        if len(refs) > 2 and self.micro_batched[int(self.ir.tensor_producer[tensor])]:
+            running = self._addn(tensor, refs[:2], device)
+            for ref in refs[2:]:
+                running = self._addn(tensor, [running, ref], device)
+            return running
         name = self.out.name(f"{self._label(tensor)}/addn_d{device}")
         node = self.out.node(
             name, "AddN", self.devices[device], refs, N=len(refs), T=self._dtype(tensor)

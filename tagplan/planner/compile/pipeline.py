@@ -8,7 +8,10 @@ replica (:func:`~.placement.micro_batch_slices`). On one GPU of stage ``s`` a *p
 the micro-batch). The schedule fixes the order of the phases (:func:`stage_order`) and
 both back ends enforce it the same way: between consecutive phases on a GPU, one
 zero-time barrier (a ``NoOp`` in the GraphDef) that waits for every instance of the
-first and that every instance of the second waits for (:func:`phase_barriers`).
+first and that every instance of the second waits for (:func:`phase_barriers`). After
+its last phase a GPU flushes: the stage's optimizer updates wait for it, so that they do
+not hold back the backward pass the earlier stages wait for. Gradients are accumulated
+as the micro-batches' partials come in (a running sum, one two-input ``AddN`` each).
 
 With ``p`` stages of equal times ``t_f`` and ``t_b`` per micro-batch and free
 communication, both schedules take ``(m + p - 1)(t_f + t_b)`` and leave each stage idle
@@ -23,7 +26,8 @@ waiting for every micro-batch would join them.
 
 Micro-batches are independent only up to an op that needs the whole batch: a stage's op
 of category *none* reading batch data and feeding micro-batched ops would join them all
-(and deadlock ``1f1b``), so such a strategy is refused with the op's name.
+(and deadlock ``1f1b``), so such a strategy is refused with the op's name; so is one
+whose forward pass goes back from a stage to an earlier one.
 """
 
 from __future__ import annotations
@@ -129,6 +133,39 @@ def _check_no_gather(ir: GraphIR, staged_split: np.ndarray, staged: np.ndarray) 
                     stack.append(reader)
 
 
+def _check_stage_order(
+    ir: GraphIR, op_stage: np.ndarray, staged_split: np.ndarray, forward: np.ndarray
+) -> None:
+    """Refuse a forward pass that goes from a stage back to an earlier one (micro-batch
+    ``j`` of the earlier stage would wait for a later stage that waits for it)."""
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    producer = ir.tensor_producer[ir.op_input_tensor]
+    backwards = (
+        staged_split[producer]
+        & staged_split[reader]
+        & forward[producer]
+        & forward[reader]
+        & (op_stage[producer] > op_stage[reader])
+    )
+    if backwards.any():
+        edge = int(np.flatnonzero(backwards)[0])
+        p, r = int(producer[edge]), int(reader[edge])
+        raise InvalidInput(
+            f"pipeline: {ir.op_names[p]!r} of stage {int(op_stage[p])} feeds "
+            f"{ir.op_names[r]!r} of stage {int(op_stage[r])}; the stages must follow the "
+            "forward pass"
+        )
+
+
+def _staged_updates(ir: GraphIR, op_stage: np.ndarray, placement: Placement) -> np.ndarray:
+    """Instances of the staged parameters' updates (the optimizer's apply ops)."""
+    apply_ops = ir.parameters.apply_op[op_stage[ir.parameters.apply_op] >= 0]
+    if not len(apply_ops):
+        return np.zeros(0, dtype=np.int64)
+    ptr = placement.inst_ptr
+    return np.concatenate([np.arange(ptr[op], ptr[op + 1]) for op in apply_ops.tolist()])
+
+
 def phase_barriers(
     ir: GraphIR, resolved: ResolvedStrategy, placement: Placement
 ) -> list[PhaseBarrier]:
@@ -141,6 +178,7 @@ def phase_barriers(
     staged_split = micro_batched_ops(resolved, placement)
     _check_no_gather(ir, staged_split, op_stage >= 0)
     forward = forward_ops(ir)
+    _check_stage_order(ir, op_stage, staged_split, forward)
     op_of = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
     insts = np.flatnonzero(staged_split[op_of])
     if not len(insts):
@@ -165,10 +203,16 @@ def phase_barriers(
     starts = np.flatnonzero(np.r_[True, (keys[:, 1:] != keys[:, :-1]).any(axis=0)])
     ends = np.r_[starts[1:], len(insts)]
     barriers: list[PhaseBarrier] = []
-    for a in range(len(starts) - 1):
-        first, second = starts[a], starts[a + 1]
-        if device[first] != device[second]:
+    updates = _staged_updates(ir, op_stage, placement)
+    for a in range(len(starts)):
+        first = starts[a]
+        if a + 1 == len(starts) or device[first] != device[starts[a + 1]]:  # the flush
+            released = updates[placement.inst_device[updates] == device[first]]
+            if len(released):
+                name = f"pipeline/gpu_{int(device[first])}/flush"
+                barriers.append((name, insts[first : ends[a]], released))
             continue
+        second = starts[a + 1]
         phase = f"{'FB'[int(kind[second])]}{int(micro[second])}"
         name = f"pipeline/gpu_{int(device[first])}/before_{phase}"
         barriers.append((name, insts[first : ends[a]], insts[second : ends[a + 1]]))

@@ -169,6 +169,7 @@ class TaskCompiler:
             for op, slot in zip(ir.tensor_producer.tolist(), ir.tensor_slot.tolist(), strict=True)
         ]
         self.gradients = frozenset(ir.parameters.gradient_tensor.tolist())
+        self.tensor_producer = ir.tensor_producer.tolist()
         self.device_names = list(cluster.device_names)
         self.device_machine = cluster.device_machine.tolist()
         costs.check_cluster(cluster)
@@ -262,6 +263,7 @@ class _TaskGraphCompilation:
         self.op_adds_partials = (
             sums_partials(fixed.ir) & (placement.op_mode == Mode.SPLIT)
         ).tolist()
+        self.micro_batched = micro_batched_ops(resolved, placement).tolist()
         self.inst_ptr = placement.inst_ptr.tolist()
         self.inst_device = placement.inst_device.tolist()
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
@@ -419,7 +421,14 @@ class _TaskGraphCompilation:
         return self._keep(tensor, self._add(tensor, local, device, group, _FULL))
 
     def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
-        """An ``AddN`` on ``device`` of pieces already there."""
+        """An ``AddN`` on ``device`` of pieces already there; micro-batches' partials as a
+        running sum in micro-batch order, one two-input ``AddN`` each (gradient
+        accumulation: each partial is freed once added)."""
+        if len(pieces) > 2 and self.micro_batched[self.fixed.tensor_producer[tensor]]:
+            running = self._add(tensor, pieces[:2], device, group, _SUM)
+            for piece in pieces[2:-1]:
+                running = self._add(tensor, [running, piece], device, group, _SUM)
+            return self._add(tensor, [running, pieces[-1]], device, group, kind)
         batch = self.batch
         count = sum(piece.count for piece in pieces)
         task = self.out.task(
@@ -745,7 +754,7 @@ class _TaskGraphCompilation:
         count = np.bincount(op_of, weights=members, minlength=ir.num_ops).astype(np.int64)
         succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
         pred_op = ir.control_pred.astype(np.int64)
-        micro = micro_batched_ops(self.resolved, self.placement)
+        micro = np.array(self.micro_batched, dtype=bool)
         by_rows = micro[pred_op] & micro[succ_op]
         preds, succs = [], []
         for p, q in zip(pred_op[by_rows].tolist(), succ_op[by_rows].tolist(), strict=True):

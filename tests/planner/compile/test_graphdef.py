@@ -27,6 +27,8 @@ from tagplan.planner.strategy import (
     Mode,
     OpGroup,
     Option,
+    Pipeline,
+    Schedule,
     Strategy,
     layer_ops,
     resolve,
@@ -36,6 +38,7 @@ from tagplan.planner.topology import Cluster, load_cluster
 AR, PS = Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS
 # per model: the prefix of the layer that strategies place apart from the rest
 LAYERS = {"mlp": "dense_2", "small_cnn": "logits"}
+FIRST_LAYERS = {"dense_2": "dense_0", "logits": "conv_0"}  # a pipeline's first stage
 STRATEGIES = (
     "dp-nccl",
     "dp-ps",
@@ -47,6 +50,8 @@ STRATEGIES = (
     "duplicate",
     "bucketed",
     "bucketed-apart",
+    "pipeline",
+    "pipeline-1f1b",
 )
 
 
@@ -111,6 +116,15 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
         fused = everywhere.model_copy(update={"gradient_sync": GradientSync.BUCKETED})
         layer = fused.model_copy(update={"device_groups": [0]}) if name.endswith("apart") else fused
         return Strategy(name=name, groups=[OpGroup(ops=apart, decision=layer)], default=fused)
+    if name.startswith("pipeline"):  # the first layer on one GPU, the rest on machine 0
+        first = GroupDecision(device_groups=[1], option=AR, replicas={"m1/GPU:1": 0})
+        schedule = Schedule.ONE_F_ONE_B if name.endswith("1f1b") else Schedule.GPIPE
+        return Strategy(
+            name=name,
+            groups=[OpGroup(ops=layer_ops(ir, FIRST_LAYERS[layer]), decision=first)],
+            default=GroupDecision(device_groups=[0], option=AR),
+            pipeline=Pipeline(stages=[[0], [1]], micro_batches=2, schedule=schedule),
+        )
     raise ValueError(name)
 
 
