@@ -24,10 +24,11 @@ A control dependency between two micro-batched ops holds micro-batch by micro-ba
 overlap its own, as TensorFlow's replicas of a subgraph each keep their own control edges;
 waiting for every micro-batch would join them.
 
-Micro-batches are independent only up to an op that needs the whole batch: a stage's op
-of category *none* reading batch data and feeding micro-batched ops would join them all
-(and deadlock ``1f1b``), so such a strategy is refused with the op's name; so is one
-whose forward pass goes back from a stage to an earlier one.
+Micro-batches are independent only up to an op that needs the whole batch: an op that is
+not micro-batched (of category *none*, or of a group outside the stages) between
+micro-batched ops would join them all (and deadlock ``1f1b``), so such a strategy is
+refused with the op's name; so is one whose forward pass goes back from a stage to an
+earlier one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tagplan.planner.compile.placement import Placement, batch_slices, has_batch_input
+from tagplan.planner.compile.placement import Placement, batch_slices
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, ResolvedStrategy, Schedule
@@ -109,28 +110,39 @@ def control_pairs(placement: Placement, pred: int, succ: int) -> tuple[np.ndarra
     return i + p.start, j + s.start
 
 
-def _check_no_gather(ir: GraphIR, staged_split: np.ndarray, staged: np.ndarray) -> None:
-    """Refuse a staged op that needs the whole batch and feeds micro-batched ops."""
-    gathers = staged & ~staged_split & has_batch_input(ir)
-    if not gathers.any():
-        return
-    reached = np.zeros(ir.num_ops, dtype=bool)
-    stack = np.flatnonzero(gathers).tolist()
-    origin = {op: op for op in stack}
+def _reach(ir: GraphIR, sources: np.ndarray, *, downstream: bool) -> np.ndarray:
+    """Ops reachable from ``sources`` (excluded unless reached again) through data edges,
+    towards readers or towards producers."""
+    found = np.zeros(ir.num_ops, dtype=bool)
+    stack = np.flatnonzero(sources).tolist()
     while stack:
         op = stack.pop()
-        for tensor in ir.outputs(op):
-            for reader in ir.consumers(tensor).tolist():
-                if staged_split[reader]:
-                    raise InvalidInput(
-                        f"pipeline: {ir.op_names[origin[op]]!r} needs the whole batch "
-                        f"and feeds micro-batched {ir.op_names[reader]!r}; micro-batches "
-                        "cannot flow past it"
-                    )
-                if not reached[reader]:
-                    reached[reader] = True
-                    origin[reader] = origin[op]
-                    stack.append(reader)
+        if downstream:
+            nexts = [r for t in ir.outputs(op) for r in ir.consumers(t).tolist()]
+        else:
+            nexts = ir.tensor_producer[ir.inputs(op)].tolist()
+        for other in nexts:
+            if not found[other]:
+                found[other] = True
+                stack.append(other)
+    return found
+
+
+def _check_no_gather(ir: GraphIR, micro_batched: np.ndarray) -> None:
+    """Refuse an op that is not micro-batched between micro-batched ops: it would wait
+    for every micro-batch before any could go on."""
+    joins = (
+        _reach(ir, micro_batched, downstream=True)
+        & _reach(ir, micro_batched, downstream=False)
+        & ~micro_batched
+    )
+    if joins.any():
+        op = int(np.flatnonzero(joins)[0])
+        raise InvalidInput(
+            f"pipeline: {ir.op_names[op]!r} runs on the whole batch between micro-batched "
+            "ops; micro-batches cannot flow past it (stage its group, or make it a "
+            "replicated group of a stage)"
+        )
 
 
 def _check_stage_order(
@@ -176,7 +188,7 @@ def phase_barriers(
         return []
     op_stage = resolved.group_stage[resolved.op_group]
     staged_split = micro_batched_ops(resolved, placement)
-    _check_no_gather(ir, staged_split, op_stage >= 0)
+    _check_no_gather(ir, staged_split)
     forward = forward_ops(ir)
     _check_stage_order(ir, op_stage, staged_split, forward)
     op_of = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
