@@ -70,7 +70,12 @@ import numpy as np
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.covering import covering_pieces
-from tagplan.planner.compile.pipeline import control_pairs, micro_batched_ops, phase_barriers
+from tagplan.planner.compile.pipeline import (
+    control_pairs,
+    first_micro_batch_rows,
+    micro_batched_ops,
+    phase_barriers,
+)
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.state import graph_digest, state_ops
 from tagplan.planner.errors import InvalidInput
@@ -327,6 +332,7 @@ class _GraphDefCompilation:
         self.placement = place(ir, resolved)
         self.adds_partials = sums_partials(ir) & (self.placement.op_mode == Mode.SPLIT)
         self.micro_batched = micro_batched_ops(resolved, self.placement).tolist()
+        self.first_micro_batch_rows = first_micro_batch_rows(resolved, ir.batch_size)
         self.devices = [worker_device(cluster, d) for d in range(cluster.num_devices)]
         self.instance_node = [
             name if len(self.placement.instances(op)) == 1 else f"{name}/replica_{k}"
@@ -471,9 +477,28 @@ class _GraphDefCompilation:
             # readers on GPUs without a replica (more GPUs than examples) read a copy
             self._allreduce(tensor, partial, members, reader)
             return self._full(tensor, device, reader)
+        micro = self.micro_batched[int(self.ir.tensor_producer[tensor])]
+        if micro and all(piece.kind == _SUM for piece in partial):
+            partial = self._accumulated(tensor, partial)
+            if len(partial) == 1 and partial[0].device == device:  # summed where it is read
+                whole = partial[0]._replace(lo=0, hi=self.ir.batch_size, kind=_FULL)
+                return self._keep(tensor, whole)
         refs = [self._weighted(tensor, piece, device) for piece in partial]
         name = self._addn(tensor, refs, device)
         return self._keep(tensor, _Copy(device, 0, self.ir.batch_size, _FULL, name))
+
+    def _accumulated(self, tensor: int, partial: list[_Copy]) -> list[_Copy]:
+        """Micro-batches' partial sums added up on their GPU before they travel, as the
+        task graph adds them."""
+        by_device: dict[int, list[_Copy]] = {}
+        for piece in partial:
+            by_device.setdefault(piece.device, []).append(piece)
+        return [
+            pieces[0]
+            if len(pieces) == 1
+            else pieces[0]._replace(ref=self._addn(tensor, [p.ref for p in pieces], gpu))
+            for gpu, pieces in by_device.items()
+        ]
 
     def _allreduce(
         self, tensor: int, partial: list[_Copy], members: np.ndarray, reader: int
@@ -614,14 +639,15 @@ class _GraphDefCompilation:
         """``^`` inputs making an instance of ``op`` wait for every instance of its
         control predecessors: directly when that is few edges, else through one ``NoOp``
         that waits for them all (the same ordering, ``p + s`` edges instead of ``p * s``);
-        of a micro-batched predecessor of a micro-batched op, for the instances of its rows
+        of a micro-batched predecessor, for the instances of its rows
         (:func:`~.pipeline.control_pairs`)."""
         preds = self.ir.control_preds(op).tolist()
-        by_rows = [p for p in preds if self.micro_batched[p] and self.micro_batched[op]]
+        by_rows = [p for p in preds if self.micro_batched[p]]
+        whole = None if self.micro_batched[op] else self.first_micro_batch_rows
         own = [
             f"^{self.instance_node[i]}"
             for p in by_rows
-            for i, j in zip(*control_pairs(self.placement, p, op), strict=True)
+            for i, j in zip(*control_pairs(self.placement, p, op, whole), strict=True)
             if j == inst
         ]
         return self._shared_control_inputs(op, [p for p in preds if p not in by_rows]) + own

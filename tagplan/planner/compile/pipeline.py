@@ -19,10 +19,11 @@ a fraction ``(p - 1) / (m + p - 1)`` of it (GPipe §2.3, "bubble"); stage ``s`` 
 ``1f1b`` holds at most ``min(p - s, m)`` micro-batches' activations at once, under
 ``gpipe`` all ``m`` (PipeDream-Flush, Narayanan et al. 2021 §2.2).
 
-A control dependency between two micro-batched ops holds micro-batch by micro-batch
+A control dependency on a micro-batched op holds micro-batch by micro-batch
 (:func:`control_pairs`): an instance waits for the predecessor's instances whose rows
-overlap its own, as TensorFlow's replicas of a subgraph each keep their own control edges;
-waiting for every micro-batch would join them.
+overlap its own, as TensorFlow's replicas of a subgraph each keep their own control edges,
+and an op that is not micro-batched (a constant the gradient code creates after a
+gradient) waits for the first micro-batch; waiting for every micro-batch would join them.
 
 Micro-batches are independent only up to an op that needs the whole batch: an op that is
 not micro-batched (of category *none*, or of a group outside the stages) between
@@ -47,6 +48,7 @@ __all__ = [
     "FORWARD",
     "PhaseBarrier",
     "control_pairs",
+    "first_micro_batch_rows",
     "forward_ops",
     "micro_batched_ops",
     "phase_barriers",
@@ -99,15 +101,30 @@ def micro_batched_ops(resolved: ResolvedStrategy, placement: Placement) -> np.nd
     return (placement.op_mode == Mode.SPLIT) & (resolved.group_stage[resolved.op_group] >= 0)
 
 
-def control_pairs(placement: Placement, pred: int, succ: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(pred instances, succ instances)``: each instance of micro-batched ``succ`` waits
-    for the instances of micro-batched ``pred`` whose rows overlap its own."""
+def control_pairs(
+    placement: Placement, pred: int, succ: int, whole_succ_rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(pred instances, succ instances)``: each instance of ``succ`` waits for the
+    instances of micro-batched ``pred`` whose rows overlap its own; a ``succ`` that is
+    not micro-batched (``whole_succ_rows``: the end of the first micro-batch's rows)
+    waits for the first micro-batch, which keeps the order TensorFlow's edge asks for
+    without joining the micro-batches."""
     p, s = placement.instances(pred), placement.instances(succ)
     p_lo, p_hi = placement.inst_lo[p.start : p.stop], placement.inst_hi[p.start : p.stop]
     s_lo, s_hi = placement.inst_lo[s.start : s.stop], placement.inst_hi[s.start : s.stop]
+    if whole_succ_rows is not None:
+        s_lo, s_hi = np.zeros_like(s_lo), np.full_like(s_hi, whole_succ_rows)
     overlap = (p_lo[:, None] < s_hi[None, :]) & (s_lo[None, :] < p_hi[:, None])
     i, j = np.nonzero(overlap)
     return i + p.start, j + s.start
+
+
+def first_micro_batch_rows(resolved: ResolvedStrategy, batch_size: int) -> int:
+    """The end of micro-batch 0's rows (the whole batch without a pipeline)."""
+    pipeline = resolved.pipeline
+    if pipeline is None:
+        return batch_size
+    return int(batch_slices(np.ones(pipeline.micro_batches), batch_size)[1])
 
 
 def _reach(ir: GraphIR, sources: np.ndarray, *, downstream: bool) -> np.ndarray:

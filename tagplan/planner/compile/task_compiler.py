@@ -47,7 +47,12 @@ from tagplan.planner.compile.links import (
     latency_part_s,
     ring_bytes_per_link,
 )
-from tagplan.planner.compile.pipeline import control_pairs, micro_batched_ops, phase_barriers
+from tagplan.planner.compile.pipeline import (
+    control_pairs,
+    first_micro_batch_rows,
+    micro_batched_ops,
+    phase_barriers,
+)
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.symmetry import Asymmetric, Symmetry, symmetry_classes
 from tagplan.planner.compile.task_builder import TaskBuilder
@@ -417,8 +422,25 @@ class _TaskGraphCompilation:
             return self._full(tensor, device, group, reader)
         if self.members[device] > 1:
             raise Asymmetric("a class adds up partial sums")
+        micro = self.micro_batched[self.fixed.tensor_producer[tensor]]
+        if micro and all(piece.kind == _SUM for piece in partial):
+            partial = self._accumulated(tensor, partial, group)
+            if len(partial) == 1 and partial[0].device == device:  # summed where it is read
+                whole = partial[0]._replace(lo=0, hi=self.batch, kind=_FULL)
+                return self._keep(tensor, whole)
         local = [self._transfer_partial(tensor, piece, device, group) for piece in partial]
         return self._keep(tensor, self._add(tensor, local, device, group, _FULL))
+
+    def _accumulated(self, tensor: int, partial: list[_Copy], group: int) -> list[_Copy]:
+        """Micro-batches' partial sums added up on their GPU before they travel: one
+        piece per GPU."""
+        by_device: dict[int, list[_Copy]] = {}
+        for piece in partial:
+            by_device.setdefault(piece.device, []).append(piece)
+        return [
+            pieces[0] if len(pieces) == 1 else self._add(tensor, pieces, gpu, group, _SUM)
+            for gpu, pieces in by_device.items()
+        ]
 
     def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
         """An ``AddN`` on ``device`` of pieces already there; micro-batches' partials as a
@@ -755,10 +777,12 @@ class _TaskGraphCompilation:
         succ_op = np.repeat(np.arange(ir.num_ops), np.diff(ir.control_ptr))
         pred_op = ir.control_pred.astype(np.int64)
         micro = np.array(self.micro_batched, dtype=bool)
-        by_rows = micro[pred_op] & micro[succ_op]
+        by_rows = micro[pred_op]
+        first_rows = first_micro_batch_rows(self.resolved, self.batch)
         preds, succs = [], []
         for p, q in zip(pred_op[by_rows].tolist(), succ_op[by_rows].tolist(), strict=True):
-            pred_inst, succ_inst = control_pairs(self.placement, p, q)
+            whole = None if micro[q] else first_rows
+            pred_inst, succ_inst = control_pairs(self.placement, p, q, whole)
             preds.append(instance_task[pred_inst].astype(np.int64))
             succs.append(instance_task[succ_inst].astype(np.int64))
         succ_op, pred_op = succ_op[~by_rows], pred_op[~by_rows]

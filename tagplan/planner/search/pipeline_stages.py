@@ -1,0 +1,204 @@
+"""Pipelined strategies for a graph and a cluster: where to cut the model into stages, on
+which GPUs each stage runs, and how many micro-batches flow through them.
+
+**Units.** A stage runs on a *unit* of the allocation: a machine (all its GPUs, data
+parallel inside the stage: a pipeline's stages cross the slow links between machines,
+while the gradients of a stage stay on fast ones); on a single machine, a device group;
+on a single device group, a GPU. Consecutive units may be merged into one stage, so ``p``
+stages can be any count from 2 to the number of units.
+
+**Cuts** (:func:`op_stages`). The forward ops that will run per micro-batch (splittable,
+reading batch data) are taken in topological order and cut into ``p`` runs whose compute
+times are in proportion to ``shares`` (each stage's aggregate GPU speed for tagplan's
+candidates, equal shares for the hand-configured baseline); a prefix of a topological
+order never feeds an earlier run, so the forward pass goes stage by stage. Every other op
+follows its neighbours: a forward op without batch input (a weight read) the first stage
+that reads it; a backward op the earliest stage of what it reads (the activations of its
+layer); what reads nothing staged the first stage that reads it; and the ops TensorFlow
+must colocate (a variable, its reads, slots and update) the earliest stage among them.
+
+**Candidates** (:func:`pipeline_candidates`): for 2, 4, ... up to the number of units
+stages, shares by speed, ``m`` in ``{p, 2p, 4p}`` micro-batches (GPipe §3: ``m >= 4p``
+makes the bubble negligible) up to what keeps every GPU of a stage a row per
+micro-batch, under 1F1B (the same bubble as GPipe with fewer activations alive). The
+``pipeline`` baseline (:func:`pipeline_baseline`) is what a user configures by hand:
+one stage per unit, equal compute per stage, ``m = 4p``, 1F1B.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from tagplan.planner.compile.pipeline import forward_ops
+from tagplan.planner.compile.placement import has_batch_input
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.graph.batch import SplitCategory
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.search.grouping import atoms_of, cluster_mean_op_time_s
+from tagplan.planner.strategy import (
+    GroupDecision,
+    OpGroup,
+    Option,
+    Pipeline,
+    Schedule,
+    Strategy,
+)
+from tagplan.planner.topology import Cluster
+
+__all__ = ["op_stages", "pipeline_baseline", "pipeline_candidates", "stage_units"]
+
+
+def stage_units(cluster: Cluster) -> list[np.ndarray]:
+    """The GPUs of each unit a stage can run on, in cluster order (module docstring)."""
+    if cluster.num_machines > 1:
+        return [cluster.machine_devices(m) for m in range(cluster.num_machines)]
+    if cluster.num_groups > 1:
+        return [cluster.group_devices(g) for g in range(cluster.num_groups)]
+    return [np.array([d]) for d in range(cluster.num_devices)]
+
+
+def _stage_decision(cluster: Cluster, gpus: np.ndarray, speed: np.ndarray) -> GroupDecision:
+    """Data parallelism over ``gpus``: their device groups, none of the other GPUs of
+    those groups, batch shares by speed when their types differ."""
+    groups = sorted({int(g) for g in cluster.group_of_device[gpus].tolist()})
+    members = set(gpus.tolist())
+    names = cluster.device_names
+    left_out = {
+        str(names[d]): 0
+        for g in groups
+        for d in cluster.group_devices(g).tolist()
+        if d not in members
+    }
+    mixed = len({int(t) for t in cluster.device_type[gpus].tolist()}) > 1
+    weights = {str(names[d]): float(speed[d]) for d in gpus.tolist()} if mixed else None
+    return GroupDecision(
+        device_groups=groups,
+        option=Option.REPLICATE_ALLREDUCE,
+        replicas=left_out or None,
+        batch_weights=weights,
+    )
+
+
+def op_stages(ir: GraphIR, op_time_s: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """Each op's stage (``0 .. len(shares) - 1``) by the cuts of the module docstring."""
+    num_stages = len(shares)
+    forward = forward_ops(ir)
+    cut = forward & has_batch_input(ir) & (ir.split_category != SplitCategory.NONE)
+    stage = np.full(ir.num_ops, -1, dtype=np.int64)
+    ops = np.flatnonzero(cut)
+    seconds = op_time_s[ops]
+    total = float(seconds.sum())
+    middle = (np.cumsum(seconds) - seconds / 2) / total if total > 0 else np.zeros(len(ops))
+    bounds = np.cumsum(shares / shares.sum())[:-1]
+    stage[ops] = np.searchsorted(bounds, middle, side="right")
+    readers = _readers(ir)
+    for op in range(ir.num_ops - 1, -1, -1):  # forward ops without batch: first reader
+        if forward[op] and stage[op] < 0:
+            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
+            stage[op] = min(staged, default=-1)
+    for op in range(ir.num_ops):  # the rest: the earliest stage of what they read
+        if stage[op] < 0:
+            staged = [s for s in stage[ir.tensor_producer[ir.inputs(op)]].tolist() if s >= 0]
+            stage[op] = min(staged, default=-1)
+    for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
+        if stage[op] < 0:
+            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
+            stage[op] = min(staged, default=num_stages - 1)
+    atoms = atoms_of(ir)
+    earliest = np.full(int(atoms.max()) + 1, num_stages, dtype=np.int64)
+    np.minimum.at(earliest, atoms, stage)
+    return earliest[atoms]
+
+
+def _readers(ir: GraphIR) -> list[list[int]]:
+    """Per op, the ops reading any of its outputs."""
+    found: list[list[int]] = [[] for _ in range(ir.num_ops)]
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr)).tolist()
+    for op, tensor in zip(reader, ir.op_input_tensor.tolist(), strict=True):
+        found[int(ir.tensor_producer[tensor])].append(op)
+    return found
+
+
+def _pipelined(
+    ir: GraphIR,
+    cluster: Cluster,
+    stage_gpus: list[np.ndarray],
+    op_stage: np.ndarray,
+    speed: np.ndarray,
+    micro_batches: int,
+    name: str,
+) -> Strategy:
+    kept = [
+        OpGroup(
+            ops=[ir.op_names[o] for o in np.flatnonzero(op_stage == s).tolist()],
+            decision=_stage_decision(cluster, gpus, speed),
+        )
+        for s, gpus in enumerate(stage_gpus)
+        if (op_stage == s).any()
+    ]
+    pipeline = Pipeline(
+        stages=[[s] for s in range(len(kept))],
+        micro_batches=micro_batches,
+        schedule=Schedule.ONE_F_ONE_B,
+    )
+    return Strategy(name=name, groups=kept, pipeline=pipeline)
+
+
+def _merged(units: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """``units`` merged into ``count`` runs of consecutive units, as even as possible."""
+    bounds = np.linspace(0, len(units), count + 1).round().astype(int)
+    return [np.concatenate(units[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _micro_batch_limit(ir: GraphIR, stage_gpus: list[np.ndarray]) -> int:
+    """The most micro-batches that leave every GPU of every stage a row of each."""
+    return max(1, ir.batch_size // max(len(gpus) for gpus in stage_gpus))
+
+
+def _device_speed(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
+    """Each GPU's speed on the model: 1 / its step time at an even share of the batch."""
+    local = max(1, ir.batch_size // cluster.num_devices)
+    by_type = {
+        t: 1.0 / max(costs.op_times(t, local).total_s, 1e-12)
+        for t in sorted(set(cluster.device_type.tolist()))
+    }
+    return np.array([by_type[int(t)] for t in cluster.device_type.tolist()])
+
+
+def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[Strategy]:
+    """tagplan's pipelined strategies for this graph and cluster (module docstring);
+    empty when the graph's loss is unknown or the cluster has a single unit."""
+    units = stage_units(cluster)
+    if len(units) < 2 or ir.loss_op < 0:
+        return []
+    speed = _device_speed(ir, cluster, costs)
+    op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
+    counts = sorted({c for c in (2, 4, 8, len(units)) if 2 <= c <= len(units)})
+    found: list[Strategy] = []
+    for count in counts:
+        stage_gpus = _merged(units, count)
+        shares = np.array([speed[gpus].sum() for gpus in stage_gpus])
+        op_stage = op_stages(ir, op_time_s, shares)
+        limit = _micro_batch_limit(ir, stage_gpus)
+        for micro_batches in sorted({min(k * count, limit) for k in (1, 2, 4)}):
+            name = f"pipeline-{count}x{micro_batches}"
+            found.append(_pipelined(ir, cluster, stage_gpus, op_stage, speed, micro_batches, name))
+    return found
+
+
+def pipeline_baseline(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
+    """One stage per unit, equal compute per stage, ``4p`` micro-batches, 1F1B; on a
+    single unit (or a graph without a known loss) the unit's data parallelism, one
+    stage."""
+    units = stage_units(cluster)
+    speed = _device_speed(ir, cluster, costs)
+    if len(units) < 2 or ir.loss_op < 0:
+        units = [np.arange(cluster.num_devices)]
+        op_stage = np.zeros(ir.num_ops, dtype=np.int64)
+    else:
+        op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
+        op_stage = op_stages(ir, op_time_s, np.ones(len(units)))
+    micro_batches = min(4 * len(units), _micro_batch_limit(ir, units))
+    return _pipelined(ir, cluster, units, op_stage, speed, micro_batches, "pipeline")
