@@ -38,6 +38,7 @@ class PlanOptions:
     max_actions: int = DEFAULT_MAX_ACTIONS
     patience: int | None = DEFAULT_PATIENCE  # convergence window; None: use the budget
     by_class: bool = True  # simulate GPUs treated alike once (False: per GPU, the reference)
+    pipeline: bool = True  # weigh pipelined strategies too: the baseline and tagplan's
 
     def __post_init__(self) -> None:
         if not (self.budget_s > 0 and math.isfinite(self.budget_s)):

@@ -9,6 +9,10 @@
 * **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
   ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
   breaks ties in the candidate generator's order, the others shuffle them;
+* **pipelined candidates** (after the search, inside its phase): tagplan's pipelines
+  (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds,
+  micro-batch counts), fewest micro-batches first while a tenth of the budget lasts; the
+  fastest that fits joins the contenders as ``pipelined``;
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
   strategy and the fastest baseline (SFB can turn the order around);
@@ -35,11 +39,11 @@ Budgets (:mod:`~.budget`): ``budget_s`` bounds the whole plan, every phase inclu
 one :class:`~.budget.Deadline` fixed when planning starts (a job's workers share it).
 DP-NCCL, the reference, always runs; the other baselines share a quarter of the budget
 and a baseline whose evaluation would not fit what is left is skipped (m-SCT's LP stops
-at its share). The search gets what is left less a reserve for SFB (a share of the
-budget), the final simulations (each timed like DP-NCCL's evaluation), the plan's per-GPU
-simulation and the distributed GraphDef (both scaled by the GPUs per symmetry class, as
-their cost grows with the GPUs); it also stops once it has converged
-(:mod:`~.search.mcts`). SFB stops at its share. Every phase's status (``done``,
+at its share). The search gets what is left less a reserve for the pipelined candidates
+and SFB (a share of the budget each), the final simulations (each timed like DP-NCCL's
+evaluation), the plan's per-GPU simulation and the distributed GraphDef (both scaled by
+the GPUs per symmetry class, as their cost grows with the GPUs); it also stops once it
+has converged (:mod:`~.search.mcts`). SFB stops at its share. Every phase's status (``done``,
 ``truncated``, ``skipped``) and wall time are in the result. ``iterations`` bounds each
 tree; with an iteration budget that neither the time budget nor convergence cuts, a seed
 always gives the same plan.
@@ -64,7 +68,7 @@ from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
-from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible
+from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible, InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
@@ -81,6 +85,7 @@ from tagplan.planner.search.mcts import (
     best_outcome,
     make_feasible,
 )
+from tagplan.planner.search.pipeline_stages import pipeline_candidates
 from tagplan.planner.search.prior import Prior, UniformPrior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.search.warm_start import start_actions
@@ -113,8 +118,11 @@ _FINISH_EVALUATIONS = 4
 _GRAPHDEF_EVALUATIONS = 8
 # baselines whose task graph is as large as the reference's: their evaluation times it
 _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
-# baselines simulated per GPU (a parameter server on every GPU leaves no two alike)
-_PER_GPU_BASELINES = frozenset({"dp-ps"})
+# baselines simulated per GPU (a parameter server on every GPU leaves no two alike; a
+# pipeline's micro-batches are compiled per GPU)
+_PER_GPU_BASELINES = frozenset({"dp-ps", "pipeline"})
+# share of the budget tagplan's pipelined candidates may take after the search
+_PIPELINE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -280,8 +288,12 @@ class Planner:
         ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
         scores: dict[str, BaselineScore] = {}
         skipped: list[str] = []
+        refused: list[str] = []
         ends_at = time.time() + self.deadline.share_s(_BASELINE_SHARE)
-        for name in [REFERENCE, *(n for n in BASELINES if n != REFERENCE)]:
+        names = [
+            n for n in BASELINES if n != REFERENCE and (n != "pipeline" or self.options.pipeline)
+        ]
+        for name in [REFERENCE, *names]:
             self._check_cancel()
             left_s = ends_at - time.time()
             expected_s = self.evaluation_s * (
@@ -290,15 +302,20 @@ class Planner:
             if name != REFERENCE and left_s < expected_s:
                 skipped.append(name)
                 continue
+            started = time.perf_counter()
             try:
                 strategy = baseline_strategy(
                     name, ir, cluster, costs, time_limit_s=None if name == REFERENCE else left_s
                 )
+                evaluation = self.evaluator.evaluate(strategy)
             except BudgetExhausted:
                 skipped.append(name)
                 continue
-            started = time.perf_counter()
-            evaluation = self.evaluator.evaluate(strategy)
+            except InvalidInput as exc:  # a pipeline this graph cannot run
+                if name == REFERENCE:
+                    raise
+                refused.append(f"{name} ({exc})")
+                continue
             seconds = time.perf_counter() - started
             if name == REFERENCE:
                 self.evaluation_s = seconds
@@ -318,6 +335,10 @@ class Planner:
             self.phases.mark(
                 "baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}"
             )
+        if refused:
+            report = self.phases.reports["baselines"]
+            notes = [report.note] if report.note else []
+            report.note = "; ".join([*notes, f"not applicable: {', '.join(refused)}"])
         fitting = [s.step_time_s for s in self.baselines.values() if not s.oom]
         self.reference_step_s = self.baselines[REFERENCE].step_time_s
         self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
@@ -335,9 +356,47 @@ class Planner:
         )
 
     def _finish_reserve_s(self) -> float:
-        """Seconds to keep for SFB, the last simulations and the distributed GraphDef."""
+        """Seconds to keep for the pipelined candidates, SFB, the last simulations and
+        the distributed GraphDef."""
         sfb = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
-        return sfb + self._last_steps_s(self.graphdef)
+        pipeline = self.options.budget_s * _PIPELINE_SHARE if self.options.pipeline else 0.0
+        return pipeline + sfb + self._last_steps_s(self.graphdef)
+
+    def _best_pipeline(self, reserve_s: float) -> Strategy | None:
+        """tagplan's pipelined candidates (:func:`~.search.pipeline_stages.pipeline_candidates`),
+        fewest micro-batches first, simulated while their share of the budget lasts: the
+        fastest that fits, or ``None``."""
+        if not self.options.pipeline:
+            return None
+        costs = self.evaluator.costs
+        candidates = pipeline_candidates(self.ir, self.cluster, costs)
+        candidates.sort(key=lambda c: c.pipeline.micro_batches if c.pipeline else 0)
+        share_s = min(self.options.budget_s * _PIPELINE_SHARE, self.deadline.left_s() - reserve_s)
+        ends_at = time.time() + share_s
+        expected_s = self.evaluation_s * self.per_gpu_factor
+        best: tuple[float, Strategy] | None = None
+        tried = 0
+        for strategy in candidates:
+            if time.time() + expected_s > ends_at:
+                break
+            self._check_cancel()
+            started = time.perf_counter()
+            tried += 1
+            try:
+                evaluation = self.evaluator.evaluate(strategy)
+            except InvalidInput:  # micro-batches this graph cannot keep apart
+                break
+            expected_s = time.perf_counter() - started
+            if not evaluation.result.oom and (best is None or evaluation.step_time_s < best[0]):
+                best = (evaluation.step_time_s, strategy)
+        if tried < len(candidates):
+            report = self.phases.reports.setdefault("search", PhaseReport())
+            report.note = "; ".join(
+                n
+                for n in (report.note, f"{tried} of {len(candidates)} pipelined candidates tried")
+                if n
+            )
+        return None if best is None else best[1]
 
     def _last_steps_s(self, graphdef: bool) -> float:
         """The simulations after the search and what :meth:`_per_gpu_steps_s` counts."""
@@ -391,9 +450,13 @@ class Planner:
         faster, simulate it for the trace and compile it."""
         searched = [o for o in outcomes if o.iterations]
         self._record_search(outcomes, searched)
+        reserve_s = self._last_steps_s(graph_def is not None)
+        sfb_share_s = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
+        pipelined = self._best_pipeline(reserve_s + sfb_share_s)
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
-        reserve_s = self._last_steps_s(graph_def is not None)
+        if pipelined is not None:
+            contenders.append(("pipelined", pipelined))
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
         if not self.options.sfb:
             self.phases.mark("sfb", "skipped", "turned off")

@@ -175,3 +175,21 @@ def test_sfb_is_decided_for_the_best_baseline_too() -> None:
     assert result.step_time_s <= dp_sfb_s * (1 + 1e-9)
     assert any(d.applied for d in result.sfb)
     assert result.strategy.sfb
+
+
+def test_where_only_a_pipeline_fits_the_plan_is_pipelined() -> None:
+    """VGG19 on four GPUs of 3.8 GiB: data parallelism holds every weight and its Adam
+    slots on each GPU, model parallelism a whole batch of the first convolutions'
+    activations; 1F1B over four stages holds a quarter of the weights and four
+    micro-batches of activations. Without pipelines nothing fits."""
+    ir = zoo_ir("vgg19")
+    cluster = gpus("T4", 4, 1, memory_gib=3.8, network_gbps=10)
+    with pytest.raises(Infeasible):
+        plan(ir, cluster, options=PlanOptions(budget_s=60, pipeline=False))
+    result = plan(ir, cluster, options=PlanOptions(budget_s=60))
+    assert result.chosen_from == "pipelined"
+    assert not result.evaluation.result.oom
+    assert result.strategy.pipeline is not None and len(result.strategy.pipeline.stages) >= 2
+    assert (
+        result.baselines["pipeline"] is None or result.step_time_s <= result.baselines["pipeline"]
+    )

@@ -12,7 +12,9 @@ of the same kind the search produces, so one compiler and one simulator judge th
   as a parameter server;
 * ``horovod``: data parallelism with AllReduce fused into 64 MiB buckets that overlap the
   backward pass, hierarchical where it is faster (Horovod's tensor fusion);
-* ``m-topo``, ``m-etf``, ``m-sct``: Baechi's memory-constrained model parallelism (:mod:`.baechi`).
+* ``m-topo``, ``m-etf``, ``m-sct``: Baechi's memory-constrained model parallelism (:mod:`.baechi`);
+* ``pipeline``: a pipeline as a user configures one by hand: one stage per machine,
+  equal compute per stage, ``4p`` micro-batches under 1F1B (:mod:`.pipeline_stages`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.baechi import m_etf, m_sct, m_topo
+from tagplan.planner.search.pipeline_stages import pipeline_baseline
 from tagplan.planner.strategy import (
     Collective,
     GradientSync,
@@ -164,6 +167,7 @@ BASELINES: dict[str, Callable[[GraphIR, Cluster, OpCostModel], Strategy]] = {
     "m-topo": m_topo,
     "m-etf": m_etf,
     "m-sct": m_sct,
+    "pipeline": pipeline_baseline,
 }
 
 

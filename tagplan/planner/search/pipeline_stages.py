@@ -11,11 +11,19 @@ stages can be any count from 2 to the number of units.
 reading batch data) are taken in topological order and cut into ``p`` runs whose compute
 times are in proportion to ``shares`` (each stage's aggregate GPU speed for tagplan's
 candidates, equal shares for the hand-configured baseline); a prefix of a topological
-order never feeds an earlier run, so the forward pass goes stage by stage. Every other op
+order never feeds an earlier run, so the forward pass goes stage by stage. tagplan moves
+each cut, within a window of ``slack`` of the smaller neighbouring stage's share, to where
+the fewest activation bytes cross it (the bytes every micro-batch sends forward and its
+gradient sends back: after VGG's convolutions, not after its first block); the baseline
+cuts where the compute is balanced. Every other op
 follows its neighbours: a forward op without batch input (a weight read) the first stage
-that reads it; a backward op the earliest stage of what it reads (the activations of its
-layer); what reads nothing staged the first stage that reads it; and the ops TensorFlow
-must colocate (a variable, its reads, slots and update) the earliest stage among them.
+that reads it; a backward op the latest stage among the forward activations it reads
+(its layer's, not a mask every later layer reads), or, reading gradients only, the
+earliest stage they come from (a second set of candidates puts every backward op with
+the earliest stage of the batch data it reads); what reads nothing staged the first stage
+that reads it;
+and the ops TensorFlow must colocate (a variable, its reads, slots and update) the
+earliest stage among their forward ops (the layer that reads the weight).
 
 **Candidates** (:func:`pipeline_candidates`): for 2, 4, ... up to the number of units
 stages, shares by speed, ``m`` in ``{p, 2p, 4p}`` micro-batches (GPipe §3: ``m >= 4p``
@@ -49,6 +57,8 @@ from tagplan.planner.topology import Cluster
 
 __all__ = ["op_stages", "pipeline_baseline", "pipeline_candidates", "stage_units"]
 
+_CUT_SLACK = 0.3  # how far from the balanced point tagplan moves a cut, in stage shares
+
 
 def stage_units(cluster: Cluster) -> list[np.ndarray]:
     """The GPUs of each unit a stage can run on, in cluster order (module docstring)."""
@@ -81,7 +91,14 @@ def _stage_decision(cluster: Cluster, gpus: np.ndarray, speed: np.ndarray) -> Gr
     )
 
 
-def op_stages(ir: GraphIR, op_time_s: np.ndarray, shares: np.ndarray) -> np.ndarray:
+def op_stages(
+    ir: GraphIR,
+    op_time_s: np.ndarray,
+    shares: np.ndarray,
+    *,
+    slack: float = 0.0,
+    by_layer: bool = True,
+) -> np.ndarray:
     """Each op's stage (``0 .. len(shares) - 1``) by the cuts of the module docstring."""
     num_stages = len(shares)
     forward = forward_ops(ir)
@@ -90,26 +107,76 @@ def op_stages(ir: GraphIR, op_time_s: np.ndarray, shares: np.ndarray) -> np.ndar
     ops = np.flatnonzero(cut)
     seconds = op_time_s[ops]
     total = float(seconds.sum())
-    middle = (np.cumsum(seconds) - seconds / 2) / total if total > 0 else np.zeros(len(ops))
-    bounds = np.cumsum(shares / shares.sum())[:-1]
-    stage[ops] = np.searchsorted(bounds, middle, side="right")
+    done = np.cumsum(seconds) / total if total > 0 else np.zeros(len(ops))  # after op k
+    fractions = shares / shares.sum()
+    crossing = _crossing_bytes(ir, ops)
+    stage[ops] = 0
+    for boundary, target in enumerate(np.cumsum(fractions)[:-1].tolist()):
+        window = slack * min(fractions[boundary], fractions[boundary + 1])
+        before = done - seconds / total / 2 if total > 0 else done  # an op's middle
+        allowed = np.flatnonzero(np.abs(before - target) <= window)
+        first = int(np.searchsorted(before, target, side="right"))  # the balanced cut
+        if len(allowed):
+            first = int(allowed[np.argmin(crossing[allowed])])  # the first of equals
+        stage[ops[first:]] = boundary + 1
     readers = _readers(ir)
     for op in range(ir.num_ops - 1, -1, -1):  # forward ops without batch: first reader
         if forward[op] and stage[op] < 0:
             staged = [stage[r] for r in readers[op] if stage[r] >= 0]
             stage[op] = min(staged, default=-1)
-    for op in range(ir.num_ops):  # the rest: the earliest stage of what they read
+    carries = ir.tensor_batch_axis >= 0
+    for op in range(ir.num_ops):  # backward ops: with the activations of their layer
         if stage[op] < 0:
-            staged = [s for s in stage[ir.tensor_producer[ir.inputs(op)]].tolist() if s >= 0]
-            stage[op] = min(staged, default=-1)
+            stage[op] = _backward_stage(ir, stage, forward & by_layer, carries, op)
     for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
         if stage[op] < 0:
             staged = [stage[r] for r in readers[op] if stage[r] >= 0]
             stage[op] = min(staged, default=num_stages - 1)
-    atoms = atoms_of(ir)
-    earliest = np.full(int(atoms.max()) + 1, num_stages, dtype=np.int64)
+    atoms = atoms_of(ir)  # with the earliest forward op among them, else the earliest
+    count = int(atoms.max()) + 1
+    earliest = np.full(count, num_stages, dtype=np.int64)
     np.minimum.at(earliest, atoms, stage)
-    return earliest[atoms]
+    forward_first = np.full(count, num_stages, dtype=np.int64)
+    np.minimum.at(forward_first, atoms[forward], stage[forward])
+    chosen = np.where(forward_first < num_stages, forward_first, earliest)
+    return chosen[atoms]
+
+
+def _backward_stage(
+    ir: GraphIR, stage: np.ndarray, forward: np.ndarray, carries: np.ndarray, op: int
+) -> int:
+    """The stage of an op outside the forward pass: the latest stage among the forward
+    activations it reads (``forward`` marks them; its layer's, not a mask or an encoder
+    output every later stage reads); without any, the earliest among the batch data it
+    reads (gradients coming back), else among all it reads; -1 when nothing it reads is
+    staged yet."""
+    inputs = ir.inputs(op)
+    producers = ir.tensor_producer[inputs]
+    data = carries[inputs]
+    activations = stage[producers[data & forward[producers]]]
+    if (activations >= 0).any():
+        return int(activations.max())
+    for chosen in (producers[data], producers):
+        staged = stage[chosen]
+        if (staged >= 0).any():
+            return int(staged[staged >= 0].min())
+    return -1
+
+
+def _crossing_bytes(ir: GraphIR, ops: np.ndarray) -> np.ndarray:
+    """``crossing[k]``: bytes of the outputs of ``ops[:k]`` that ``ops[k:]`` read (a cut
+    before position ``k``)."""
+    position = np.full(ir.num_ops, -1, dtype=np.int64)
+    position[ops] = np.arange(len(ops))
+    change = np.zeros(len(ops) + 1)
+    for k, op in enumerate(ops.tolist()):
+        for tensor in ir.outputs(op):
+            readers = position[ir.consumers(tensor)]
+            last = int(readers.max()) if len(readers) else -1
+            if last > k:
+                change[k + 1] += float(ir.tensor_bytes[tensor])
+                change[last + 1] -= float(ir.tensor_bytes[tensor])
+    return np.cumsum(change)[: len(ops)]
 
 
 def _readers(ir: GraphIR) -> list[list[int]]:
@@ -180,11 +247,18 @@ def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> li
     for count in counts:
         stage_gpus = _merged(units, count)
         shares = np.array([speed[gpus].sum() for gpus in stage_gpus])
-        op_stage = op_stages(ir, op_time_s, shares)
         limit = _micro_batch_limit(ir, stage_gpus)
-        for micro_batches in sorted({min(k * count, limit) for k in (1, 2, 4)}):
-            name = f"pipeline-{count}x{micro_batches}"
-            found.append(_pipelined(ir, cluster, stage_gpus, op_stage, speed, micro_batches, name))
+        cuts: list[np.ndarray] = []
+        for by_layer in (True, False):
+            op_stage = op_stages(ir, op_time_s, shares, slack=_CUT_SLACK, by_layer=by_layer)
+            if any(np.array_equal(op_stage, other) for other in cuts):
+                continue
+            cuts.append(op_stage)
+            for micro_batches in sorted({min(k * count, limit) for k in (1, 2, 4)}):
+                name = f"pipeline-{count}x{micro_batches}{'' if by_layer else '-early'}"
+                found.append(
+                    _pipelined(ir, cluster, stage_gpus, op_stage, speed, micro_batches, name)
+                )
     return found
 
 

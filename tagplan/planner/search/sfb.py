@@ -271,8 +271,12 @@ def apply_sfb(
     is decided afresh, so applying this twice gives the same strategy.
 
     Returns the strategy with ``sfb`` filled in and one decision per synchronized
-    gradient (``applied`` when the returned strategy duplicates its ops).
+    gradient (``applied`` when the returned strategy duplicates its ops). A pipelined
+    strategy comes back as it is: its stages accumulate gradients over micro-batches,
+    which duplicating a gradient's subgraph on every replica would undo.
     """
+    if strategy.pipeline is not None:  # micro-batches accumulate their own gradients
+        return strategy, []
     started = time.perf_counter()
     plain = strategy.model_copy(update={"sfb": {}})
     candidates = _synchronized_gradients(ir, plain, cluster, costs)

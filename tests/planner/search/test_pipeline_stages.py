@@ -1,0 +1,136 @@
+"""Where pipelined strategies cut a model and which GPUs each stage gets: the forward pass
+goes stage by stage, cuts follow the shares they are given and the fewest crossing bytes
+near them, stages take whole machines, and every candidate compiles and simulates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tagplan.planner.compile.pipeline import forward_ops, micro_batched_ops
+from tagplan.planner.compile.placement import place
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.search.baselines import BASELINES
+from tagplan.planner.search.grouping import atoms_of, cluster_mean_op_time_s
+from tagplan.planner.search.pipeline_stages import (
+    op_stages,
+    pipeline_baseline,
+    pipeline_candidates,
+    stage_units,
+)
+from tagplan.planner.strategy import Schedule, resolve
+from tagplan.planner.topology import Cluster, load_cluster
+from tests.planner.compile.test_graphdef import committed, two_by_two
+from tests.planner.zoo_graphs import zoo_ir
+
+
+def _machines(count: int, gpus: int = 2) -> Cluster:
+    machine = {"gpus": {"type": "T4", "count": gpus}, "intra_bandwidth_gbps": 100}
+    return load_cluster(
+        {
+            "machines": [{"name": f"m{i}", **machine} for i in range(count)],
+            "network": {"bandwidth_gbps": 10},
+        }
+    )
+
+
+def _forward_edges_go_stage_by_stage(ir: GraphIR, op_stage: np.ndarray) -> bool:
+    forward = forward_ops(ir)
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    producer = ir.tensor_producer[ir.op_input_tensor]
+    data = ir.tensor_batch_axis[ir.op_input_tensor] >= 0
+    both = forward[reader] & forward[producer] & data
+    return bool((op_stage[producer[both]] <= op_stage[reader[both]]).all())
+
+
+@pytest.mark.parametrize("model", ["mlp", "small_cnn", "tiny_lstm", "vgg19", "transformer"])
+def test_cuts_keep_the_forward_pass_in_stage_order_and_colocated_ops_together(model) -> None:
+    ir = zoo_ir(model)
+    op_time_s = np.ones(ir.num_ops)
+    for shares in (np.ones(2), np.array([3.0, 1.0, 1.0]), np.ones(4)):
+        for slack in (0.0, 0.3):
+            op_stage = op_stages(ir, op_time_s, shares, slack=slack)
+            assert set(op_stage.tolist()) <= set(range(len(shares)))
+            assert _forward_edges_go_stage_by_stage(ir, op_stage)
+            atoms = atoms_of(ir)
+            for atom in np.unique(atoms):
+                assert len(set(op_stage[atoms == atom].tolist())) == 1
+
+
+def test_balanced_cuts_give_each_stage_its_share_of_the_forward_compute() -> None:
+    ir = zoo_ir("vgg19")
+    cluster = _machines(2)
+    op_time_s = cluster_mean_op_time_s(ir, cluster, OpCostModel(ir, cluster))
+    cut = micro_batched_like(ir)
+    for shares in (np.ones(2), np.array([3.0, 1.0])):
+        op_stage = op_stages(ir, op_time_s, shares)
+        per_stage = np.bincount(op_stage[cut], weights=op_time_s[cut], minlength=2)
+        largest_op = op_time_s[cut].max()
+        expected = shares / shares.sum() * per_stage.sum()
+        assert np.abs(per_stage - expected).max() <= largest_op
+
+
+def micro_batched_like(ir: GraphIR) -> np.ndarray:
+    """The ops a pipeline runs per micro-batch in the forward pass, as the cut sees them."""
+    cluster = _machines(1)
+    strategy = pipeline_baseline(ir, cluster, OpCostModel(ir, cluster))
+    resolved = resolve(strategy, ir, cluster)
+    return micro_batched_ops(resolved, place(ir, resolved)) & forward_ops(ir)
+
+
+def test_a_cut_with_slack_moves_to_fewer_crossing_bytes() -> None:
+    """VGG19's compute is in its convolutions, whose activations are large: balanced, the
+    cut between two stages falls inside them; with slack it moves to where less crosses."""
+    ir = zoo_ir("vgg19")
+    cluster = _machines(2)
+    op_time_s = cluster_mean_op_time_s(ir, cluster, OpCostModel(ir, cluster))
+
+    def crossing(op_stage: np.ndarray) -> float:
+        reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+        producer = ir.tensor_producer[ir.op_input_tensor]
+        forward = forward_ops(ir)
+        cross = forward[reader] & (op_stage[producer] < op_stage[reader])
+        tensors = np.unique(
+            ir.op_input_tensor[cross & (ir.tensor_batch_axis[ir.op_input_tensor] >= 0)]
+        )
+        return float(ir.tensor_bytes[tensors].sum())
+
+    balanced = op_stages(ir, op_time_s, np.ones(2))
+    moved = op_stages(ir, op_time_s, np.ones(2), slack=0.3)
+    assert crossing(moved) < crossing(balanced)
+
+
+def test_stages_take_machines_then_device_groups_then_gpus() -> None:
+    assert [u.tolist() for u in stage_units(_machines(3))] == [[0, 1], [2, 3], [4, 5]]
+    slots = [{"index": i, "type": "V100-16GB" if i < 2 else "T4"} for i in range(4)]
+    one_machine = load_cluster(
+        {"machines": [{"name": "m", "gpus": slots, "intra_bandwidth_gbps": 100}]}
+    )
+    assert len(stage_units(one_machine)) == one_machine.num_groups == 2
+    assert [u.tolist() for u in stage_units(_machines(1, gpus=3))] == [[0], [1], [2]]
+
+
+def test_the_pipeline_baseline_is_one_stage_per_machine_with_4p_micro_batches() -> None:
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    strategy = BASELINES["pipeline"](ir, cluster, OpCostModel(ir, cluster))
+    assert strategy.pipeline is not None
+    assert strategy.pipeline.schedule == Schedule.ONE_F_ONE_B
+    assert len(strategy.pipeline.stages) == 2
+    assert strategy.pipeline.micro_batches == 8  # 4 x 2 stages, batch 32 over 2 GPUs each
+    resolved = resolve(strategy, ir, cluster)
+    assert sorted(resolved.group_stage.tolist()) == [0, 1]
+
+
+def test_every_candidate_compiles_and_simulates_and_single_units_get_none() -> None:
+    ir = zoo_ir("small_cnn")
+    cluster = _machines(4)
+    evaluator = Evaluator(ir, cluster)
+    candidates = pipeline_candidates(ir, cluster, evaluator.costs)
+    assert {len(c.pipeline.stages) for c in candidates} == {2, 4}
+    for strategy in candidates:
+        assert evaluator.evaluate(strategy).step_time_s > 0
+    single = _machines(1, gpus=1)
+    assert pipeline_candidates(ir, single, OpCostModel(ir, single)) == []
