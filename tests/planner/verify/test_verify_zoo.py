@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tagplan.planner.strategy import GroupDecision, Option, Strategy
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.search.pipeline_stages import pipeline_baseline
+from tagplan.planner.strategy import GroupDecision, Option, Schedule, Strategy
 from tagplan.planner.topology import load_cluster
 from tests.planner.verify.own_process import verify_many_apart
+from tests.planner.zoo_graphs import zoo_ir
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
@@ -62,3 +65,23 @@ def test_vgg19_verifies_under_data_and_model_parallelism_across_two_machines() -
     )
     for name, report in zip(STRATEGIES, reports, strict=True):
         assert report.passed, f"{name}: {report.summary()}"
+
+
+def test_the_transformer_verifies_as_a_pipeline_under_both_schedules() -> None:
+    """The pipeline baseline over the two machines (two stages: two GPUs feeding one),
+    as GPipe with 2 micro-batches and as 1F1B with 4."""
+    cluster = load_cluster(THREE_GPUS)
+    ir = zoo_ir("transformer")
+    pipelined = pipeline_baseline(ir, cluster, OpCostModel(ir, cluster))
+    assert pipelined.pipeline is not None and len(pipelined.pipeline.stages) == 2
+    strategies = [
+        pipelined.model_copy(
+            update={
+                "pipeline": pipelined.pipeline.model_copy(update=dict(micro_batches=m, schedule=s))
+            }
+        )
+        for m, s in ((2, Schedule.GPIPE), (4, Schedule.ONE_F_ONE_B))
+    ]
+    reports = verify_many_apart("zoo:transformer", cluster, strategies, batch_size=4)
+    for report in reports:
+        assert report.passed, report.summary()
