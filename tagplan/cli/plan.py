@@ -54,6 +54,12 @@ def plan_command(
         bool, typer.Option("--sfb/--no-sfb", help="Decide sufficient-factor broadcast.")
     ] = True,
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
+    pipeline: Annotated[
+        bool,
+        typer.Option(
+            "--pipeline/--no-pipeline", help="Weigh pipelined strategies (micro-batches) too."
+        ),
+    ] = True,
     prior: Annotated[
         str,
         typer.Option(
@@ -75,7 +81,12 @@ def plan_command(
     baseline and the lower bound."""
     with user_errors():
         options = PlanOptions(
-            budget_s=budget_s, iterations=iterations, seed=seed, sfb=sfb, shards=shards
+            budget_s=budget_s,
+            iterations=iterations,
+            seed=seed,
+            sfb=sfb,
+            shards=shards,
+            pipeline=pipeline,
         )
         deadline = Deadline.after(budget_s)  # reading and analyzing the graph count too
         search_prior, note = resolve_prior(prior)

@@ -171,6 +171,7 @@ def submit_command(
     seed: Annotated[int, typer.Option(help="Search seed.")] = 0,
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
     sfb: Annotated[bool, typer.Option("--sfb/--no-sfb")] = True,
+    pipeline: Annotated[bool, typer.Option("--pipeline/--no-pipeline")] = True,
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Search even when a cached plan answers the job.")
     ] = False,
@@ -195,6 +196,7 @@ def submit_command(
         "seed": seed,
         "shards": shards,
         "sfb": sfb,
+        "pipeline": pipeline,
         "fresh": fresh,
         "deadline_s": deadline_s,
         "refine_s": refine_s,

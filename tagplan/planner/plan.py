@@ -384,8 +384,8 @@ class Planner:
             tried += 1
             try:
                 evaluation = self.evaluator.evaluate(strategy)
-            except InvalidInput:  # micro-batches this graph cannot keep apart
-                break
+            except InvalidInput:  # micro-batches this cut cannot keep apart
+                continue
             expected_s = time.perf_counter() - started
             if not evaluation.result.oom and (best is None or evaluation.step_time_s < best[0]):
                 best = (evaluation.step_time_s, strategy)

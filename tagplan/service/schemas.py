@@ -108,6 +108,7 @@ _REQUEST_BOUNDS: dict[str, dict[str, Any]] = {
     "iterations": {"gt": 0, "le": INT32_MAX, "description": "search iteration cap"},
     "seed": {"ge": 0, "le": INT32_MAX},
     "sfb": {"description": "sufficient-factor broadcast on/off"},
+    "pipeline": {"description": "weigh pipelined strategies (stages over micro-batches) too"},
     "max_groups": {"ge": 1, "le": MAX_GROUPS},
     "shards": {"ge": 1, "le": MAX_SHARDS, "description": "root-parallel search trees (workers)"},
 }

@@ -924,6 +924,7 @@ class _GraphDefCompilation:
 
     def compile(self) -> DistributedGraph:
         ir, placement = self.ir, self.placement
+        barriers = phase_barriers(ir, self.resolved, placement)  # refused before compiling
         for op in range(ir.num_ops):
             for inst in placement.instances(op):
                 self._instance(op, inst)
@@ -935,7 +936,7 @@ class _GraphDefCompilation:
                 tensor = int(ir.outputs(ir.loss_op)[0])
                 loss = _node_of(self._full(tensor, int(placement.inst_device[first]), -1).ref)
         self._schedule_collectives()
-        for name, waits, releases in phase_barriers(ir, self.resolved, placement):
+        for name, waits, releases in barriers:
             self._barrier(
                 name,
                 {self.instance_node[i] for i in waits.tolist()},

@@ -29,7 +29,9 @@ Micro-batches are independent only up to an op that needs the whole batch: an op
 not micro-batched (of category *none*, or of a group outside the stages) between
 micro-batched ops would join them all (and deadlock ``1f1b``), so such a strategy is
 refused with the op's name; so is one whose forward pass goes back from a stage to an
-earlier one.
+earlier one, and one where an op reads per-replica values (a batch norm's saved
+statistics) made in another stage, which would read their average over every
+micro-batch.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import numpy as np
 
 from tagplan.planner.compile.placement import Placement, batch_slices
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, ResolvedStrategy, Schedule
 
@@ -162,6 +165,29 @@ def _check_no_gather(ir: GraphIR, micro_batched: np.ndarray) -> None:
         )
 
 
+def _check_replica_values(ir: GraphIR, op_stage: np.ndarray, micro_batched: np.ndarray) -> None:
+    """Refuse a micro-batched op reading per-replica batch statistics that a
+    micro-batched op of another stage made: it would read their average over every
+    micro-batch (a shape, the other per-replica value, is read from any replica)."""
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    producer = ir.tensor_producer[ir.op_input_tensor]
+    per_replica = ir.tensor_aggregation[ir.op_input_tensor] == Aggregation.MEAN
+    apart = (
+        per_replica
+        & micro_batched[producer]
+        & micro_batched[reader]
+        & (op_stage[producer] != op_stage[reader])
+    )
+    if apart.any():
+        edge = int(np.flatnonzero(apart)[0])
+        p, r = int(producer[edge]), int(reader[edge])
+        raise InvalidInput(
+            f"pipeline: {ir.op_names[r]!r} of stage {int(op_stage[r])} reads the per-replica "
+            f"statistics of {ir.op_names[p]!r} of stage {int(op_stage[p])}; they must share a "
+            "stage"
+        )
+
+
 def _check_stage_order(
     ir: GraphIR, op_stage: np.ndarray, staged_split: np.ndarray, forward: np.ndarray
 ) -> None:
@@ -208,6 +234,7 @@ def phase_barriers(
     _check_no_gather(ir, staged_split)
     forward = forward_ops(ir)
     _check_stage_order(ir, op_stage, staged_split, forward)
+    _check_replica_values(ir, op_stage, staged_split)
     op_of = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
     insts = np.flatnonzero(staged_split[op_of])
     if not len(insts):

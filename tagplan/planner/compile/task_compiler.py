@@ -812,12 +812,14 @@ class _TaskGraphCompilation:
         return persistent
 
     def compile(self) -> CompiledTasks:
+        # a pipeline that cannot run is refused before anything is compiled
+        barriers = phase_barriers(self.fixed.ir, self.resolved, self.placement)
         for op in range(self.fixed.ir.num_ops):
             self._op(op)
         self._schedule_collectives()
         fixed = self.fixed
         instance_task = np.array(self.instance_task, dtype=np.int32)
-        for name, waits, releases in phase_barriers(fixed.ir, self.resolved, self.placement):
+        for name, waits, releases in barriers:
             group = self.op_group[
                 int(np.searchsorted(self.placement.inst_ptr, releases[0], "right")) - 1
             ]

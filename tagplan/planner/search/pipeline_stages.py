@@ -12,21 +12,23 @@ reading batch data) are taken in topological order and cut into ``p`` runs whose
 times are in proportion to ``shares`` (each stage's aggregate GPU speed for tagplan's
 candidates, equal shares for the hand-configured baseline); a prefix of a topological
 order never feeds an earlier run, so the forward pass goes stage by stage. tagplan moves
-each cut, within a window of ``slack`` of the smaller neighbouring stage's share, to where
-the fewest activation bytes cross it (the bytes every micro-batch sends forward and its
-gradient sends back: after VGG's convolutions, not after its first block); the baseline
-cuts where the compute is balanced. Every other op
-follows its neighbours: a forward op without batch input (a weight read) the first stage
-that reads it; a backward op the latest stage among the forward activations it reads
-(its layer's, not a mask every later layer reads), or, reading gradients only, the
-earliest stage they come from (a second set of candidates puts every backward op with
-the earliest stage of the batch data it reads); what reads nothing staged the first stage
-that reads it;
-and the ops TensorFlow must colocate (a variable, its reads, slots and update) the
-earliest stage among their forward ops (the layer that reads the weight).
+each cut, within a window of ``slack`` of the smaller neighbouring stage's share, to
+where the fewest activation bytes cross it (the bytes every micro-batch sends forward
+and its gradient sends back: after VGG's convolutions, not after its first block); the
+baseline cuts where the compute is balanced. Every other op follows its neighbours: a
+forward op without batch input (a weight read) the first stage that reads it; a backward
+op the latest stage among the outputs of micro-batched forward ops it reads (its layer's
+activations and saved batch statistics, not a mask every later layer reads), or, reading
+gradients only, the earliest stage they come from (a second set of candidates puts every
+backward op with the earliest stage of the batch data it reads); what reads nothing
+staged the first stage that reads it; and the ops TensorFlow must colocate (a variable,
+its reads, slots and update) the earliest stage among their forward ops (the layer that
+reads the weight).
 
-**Candidates** (:func:`pipeline_candidates`): for 2, 4, ... up to the number of units
-stages, shares by speed, ``m`` in ``{p, 2p, 4p}`` micro-batches (GPipe §3: ``m >= 4p``
+**Candidates** (:func:`pipeline_candidates`): for 2, 4, 8 and as many stages as units,
+every unit merged into that many stages, or that many of the fastest units alone (a
+pipeline over part of the allocation, as the search's actions use part of it); shares by
+speed, ``m`` in ``{p, 2p, 4p}`` micro-batches (GPipe §3: ``m >= 4p``
 makes the bubble negligible) up to what keeps every GPU of a stage a row per
 micro-batch, under 1F1B (the same bubble as GPipe with fewer activations alive). The
 ``pipeline`` baseline (:func:`pipeline_baseline`) is what a user configures by hand:
@@ -127,7 +129,7 @@ def op_stages(
     carries = ir.tensor_batch_axis >= 0
     for op in range(ir.num_ops):  # backward ops: with the activations of their layer
         if stage[op] < 0:
-            stage[op] = _backward_stage(ir, stage, forward & by_layer, carries, op)
+            stage[op] = _backward_stage(ir, stage, cut & by_layer, carries, op)
     for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
         if stage[op] < 0:
             staged = [stage[r] for r in readers[op] if stage[r] >= 0]
@@ -145,15 +147,16 @@ def op_stages(
 def _backward_stage(
     ir: GraphIR, stage: np.ndarray, forward: np.ndarray, carries: np.ndarray, op: int
 ) -> int:
-    """The stage of an op outside the forward pass: the latest stage among the forward
-    activations it reads (``forward`` marks them; its layer's, not a mask or an encoder
-    output every later stage reads); without any, the earliest among the batch data it
-    reads (gradients coming back), else among all it reads; -1 when nothing it reads is
-    staged yet."""
+    """The stage of an op outside the forward pass: the latest stage among the outputs of
+    micro-batched forward ops it reads (``forward`` marks those ops; its layer's
+    activations and saved statistics, which must be read where they were made, not a
+    mask or an encoder output every later stage reads); without any, the earliest among
+    the batch data it reads (gradients coming back), else among all it reads; -1 when
+    nothing it reads is staged yet."""
     inputs = ir.inputs(op)
     producers = ir.tensor_producer[inputs]
     data = carries[inputs]
-    activations = stage[producers[data & forward[producers]]]
+    activations = stage[producers[forward[producers]]]
     if (activations >= 0).any():
         return int(activations.max())
     for chosen in (producers[data], producers):
@@ -234,6 +237,20 @@ def _device_speed(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarr
     return np.array([by_type[int(t)] for t in cluster.device_type.tolist()])
 
 
+def _layouts(units: list[np.ndarray], speed: np.ndarray) -> list[tuple[str, list[np.ndarray]]]:
+    """The GPUs of each stage, per layout: every unit merged into ``p`` stages, and the
+    ``p`` fastest units alone (in cluster order), for ``p`` of 2, 4, 8 and every unit."""
+    counts = sorted({c for c in (2, 4, 8, len(units)) if 2 <= c <= len(units)})
+    unit_speed = np.array([speed[gpus].sum() for gpus in units])
+    layouts: list[tuple[str, list[np.ndarray]]] = []
+    for count in counts:
+        layouts.append((f"{count}", _merged(units, count)))
+        if count < len(units):
+            fastest = np.sort(np.argsort(-unit_speed, kind="stable")[:count])
+            layouts.append((f"{count}-fastest", [units[u] for u in fastest.tolist()]))
+    return layouts
+
+
 def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[Strategy]:
     """tagplan's pipelined strategies for this graph and cluster (module docstring);
     empty when the graph's loss is unknown or the cluster has a single unit."""
@@ -242,10 +259,9 @@ def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> li
         return []
     speed = _device_speed(ir, cluster, costs)
     op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
-    counts = sorted({c for c in (2, 4, 8, len(units)) if 2 <= c <= len(units)})
     found: list[Strategy] = []
-    for count in counts:
-        stage_gpus = _merged(units, count)
+    for label, stage_gpus in _layouts(units, speed):
+        count = len(stage_gpus)
         shares = np.array([speed[gpus].sum() for gpus in stage_gpus])
         limit = _micro_batch_limit(ir, stage_gpus)
         cuts: list[np.ndarray] = []
@@ -255,7 +271,7 @@ def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> li
                 continue
             cuts.append(op_stage)
             for micro_batches in sorted({min(k * count, limit) for k in (1, 2, 4)}):
-                name = f"pipeline-{count}x{micro_batches}{'' if by_layer else '-early'}"
+                name = f"pipeline-{label}x{micro_batches}{'' if by_layer else '-early'}"
                 found.append(
                     _pipelined(ir, cluster, stage_gpus, op_stage, speed, micro_batches, name)
                 )
