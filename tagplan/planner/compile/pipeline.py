@@ -165,51 +165,37 @@ def _check_no_gather(ir: GraphIR, micro_batched: np.ndarray) -> None:
         )
 
 
-def _check_replica_values(ir: GraphIR, op_stage: np.ndarray, micro_batched: np.ndarray) -> None:
-    """Refuse a micro-batched op reading per-replica batch statistics that a
-    micro-batched op of another stage made: it would read their average over every
-    micro-batch (a shape, the other per-replica value, is read from any replica)."""
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
-    producer = ir.tensor_producer[ir.op_input_tensor]
-    per_replica = ir.tensor_aggregation[ir.op_input_tensor] == Aggregation.MEAN
-    apart = (
-        per_replica
-        & micro_batched[producer]
-        & micro_batched[reader]
-        & (op_stage[producer] != op_stage[reader])
-    )
-    if apart.any():
-        edge = int(np.flatnonzero(apart)[0])
-        p, r = int(producer[edge]), int(reader[edge])
-        raise InvalidInput(
-            f"pipeline: {ir.op_names[r]!r} of stage {int(op_stage[r])} reads the per-replica "
-            f"statistics of {ir.op_names[p]!r} of stage {int(op_stage[p])}; they must share a "
-            "stage"
-        )
-
-
-def _check_stage_order(
-    ir: GraphIR, op_stage: np.ndarray, staged_split: np.ndarray, forward: np.ndarray
+def _check_stage_edges(
+    ir: GraphIR, op_stage: np.ndarray, micro_batched: np.ndarray, forward: np.ndarray
 ) -> None:
-    """Refuse a forward pass that goes from a stage back to an earlier one (micro-batch
-    ``j`` of the earlier stage would wait for a later stage that waits for it)."""
+    """Refuse data between micro-batched ops that a pipeline cannot run: a forward pass
+    going from a stage back to an earlier one (micro-batch ``j`` of the earlier stage
+    would wait for a later stage that waits for it), and per-replica batch statistics
+    read in another stage than the one that made them (the reader would get their average
+    over every micro-batch; a shape, the other per-replica value, is read from any
+    replica)."""
     reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
     producer = ir.tensor_producer[ir.op_input_tensor]
-    backwards = (
-        staged_split[producer]
-        & staged_split[reader]
-        & forward[producer]
-        & forward[reader]
-        & (op_stage[producer] > op_stage[reader])
+    both = micro_batched[producer] & micro_batched[reader]
+    statistics = ir.tensor_aggregation[ir.op_input_tensor] == Aggregation.MEAN
+    rules = (
+        (
+            both & forward[producer] & forward[reader] & (op_stage[producer] > op_stage[reader]),
+            "{p} of stage {ps} feeds {r} of stage {rs}; the stages must follow the forward pass",
+        ),
+        (
+            both & statistics & (op_stage[producer] != op_stage[reader]),
+            "{r} of stage {rs} reads the per-replica statistics of {p} of stage {ps}; they "
+            "must share a stage",
+        ),
     )
-    if backwards.any():
-        edge = int(np.flatnonzero(backwards)[0])
-        p, r = int(producer[edge]), int(reader[edge])
-        raise InvalidInput(
-            f"pipeline: {ir.op_names[p]!r} of stage {int(op_stage[p])} feeds "
-            f"{ir.op_names[r]!r} of stage {int(op_stage[r])}; the stages must follow the "
-            "forward pass"
-        )
+    for found, message in rules:
+        if found.any():
+            edge = int(np.flatnonzero(found)[0])
+            p, r = int(producer[edge]), int(reader[edge])
+            names = {"p": repr(ir.op_names[p]), "r": repr(ir.op_names[r])}
+            stages = {"ps": int(op_stage[p]), "rs": int(op_stage[r])}
+            raise InvalidInput("pipeline: " + message.format(**names, **stages))
 
 
 def _staged_updates(ir: GraphIR, op_stage: np.ndarray, placement: Placement) -> np.ndarray:
@@ -233,8 +219,7 @@ def phase_barriers(
     staged_split = micro_batched_ops(resolved, placement)
     _check_no_gather(ir, staged_split)
     forward = forward_ops(ir)
-    _check_stage_order(ir, op_stage, staged_split, forward)
-    _check_replica_values(ir, op_stage, staged_split)
+    _check_stage_edges(ir, op_stage, staged_split, forward)
     op_of = np.repeat(np.arange(ir.num_ops), np.diff(placement.inst_ptr))
     insts = np.flatnonzero(staged_split[op_of])
     if not len(insts):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tagplan.planner.compile.pipeline import forward_ops, micro_batched_ops
+from tagplan.planner.compile.pipeline import forward_ops, micro_batched_ops, phase_barriers
 from tagplan.planner.compile.placement import place
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.baselines import BASELINES
@@ -134,3 +135,21 @@ def test_every_candidate_compiles_and_simulates_and_single_units_get_none() -> N
         assert evaluator.evaluate(strategy).step_time_s > 0
     single = _machines(1, gpus=1)
     assert pipeline_candidates(ir, single, OpCostModel(ir, single)) == []
+
+
+def test_a_cut_that_parts_a_batch_norm_from_its_gradient_is_refused() -> None:
+    """A batch norm's gradient reads the statistics its forward op saved per replica;
+    placing it with the earliest batch data it reads (a convolution's input, a stage
+    earlier at the cut) would make it read their average over every micro-batch."""
+    ir = zoo_ir("inception_v3")
+    cluster = _machines(2)
+    candidates = pipeline_candidates(ir, cluster, OpCostModel(ir, cluster))
+    by_layer = [c for c in candidates if not c.name.endswith("-early")]
+    early = [c for c in candidates if c.name.endswith("-early")]
+    assert by_layer and early
+    for strategy in by_layer:
+        resolved = resolve(strategy, ir, cluster)
+        assert phase_barriers(ir, resolved, place(ir, resolved))
+    resolved = resolve(early[0], ir, cluster)
+    with pytest.raises(InvalidInput, match="reads the per-replica statistics of"):
+        phase_barriers(ir, resolved, place(ir, resolved))
