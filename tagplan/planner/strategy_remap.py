@@ -87,8 +87,9 @@ DEVICE_FREE_DECISION_FIELDS = frozenset({"option", "collective", "gradient_sync"
 """The fields of a :class:`GroupDecision` that name no device group or device."""
 DEVICE_FREE_GROUP_FIELDS = frozenset({"ops"})
 """An :class:`~tagplan.planner.strategy.OpGroup`'s fields besides its ``decision``."""
-DEVICE_FREE_STRATEGY_FIELDS = frozenset({"version", "name", "sfb"})
-"""A :class:`Strategy`'s fields besides its decisions (``groups`` and ``default``)."""
+DEVICE_FREE_STRATEGY_FIELDS = frozenset({"version", "name", "sfb", "pipeline"})
+"""A :class:`Strategy`'s fields besides its decisions (``groups`` and ``default``); a
+pipeline names op groups by index, never a device."""
 
 
 def _remap_decision(decision: GroupDecision, to: Renumbering) -> GroupDecision:
