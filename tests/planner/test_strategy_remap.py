@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Pipeline, Schedule, Strategy
 from tagplan.planner.strategy_remap import (
     DECISION_REMAPS,
     DEVICE_FREE_DECISION_FIELDS,
@@ -86,3 +86,16 @@ def test_identity_renumbering_keeps_the_strategy() -> None:
 def test_missing_counterpart_is_refused(groups: list[int], devices: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         remap_strategy(Strategy(default=full_decision()), device_groups=groups, devices=devices)
+
+
+def test_a_pipeline_keeps_its_stages_and_its_groups_get_their_new_gpus() -> None:
+    first = GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE)
+    rest = GroupDecision(device_groups=[1], option=Option.REPLICATE_ALLREDUCE)
+    pipeline = Pipeline(stages=[[0], [1]], micro_batches=4, schedule=Schedule.ONE_F_ONE_B)
+    strategy = Strategy(
+        groups=[OpGroup(ops=["op1"], decision=first)], default=rest, pipeline=pipeline
+    )
+    remapped = remap_strategy(strategy, device_groups=GROUPS, devices=DEVICES)
+    assert remapped.pipeline == pipeline
+    assert remapped.groups[0].decision.device_groups == [2]
+    assert remapped.default.device_groups == [0]
