@@ -29,9 +29,9 @@ Micro-batches are independent only up to an op that needs the whole batch: an op
 not micro-batched (of category *none*, or of a group outside the stages) between
 micro-batched ops would join them all (and deadlock ``1f1b``), so such a strategy is
 refused with the op's name; so is one whose forward pass goes back from a stage to an
-earlier one, and one where an op reads per-replica values (a batch norm's saved
-statistics) made in another stage, which would read their average over every
-micro-batch.
+earlier one, and one where an op reads per-replica values made in another stage (a
+batch norm's saved statistics, which it would read averaged over every micro-batch; a
+slice's shape, which would be another replica's).
 """
 
 from __future__ import annotations
@@ -170,14 +170,15 @@ def _check_stage_edges(
 ) -> None:
     """Refuse data between micro-batched ops that a pipeline cannot run: a forward pass
     going from a stage back to an earlier one (micro-batch ``j`` of the earlier stage
-    would wait for a later stage that waits for it), and per-replica batch statistics
-    read in another stage than the one that made them (the reader would get their average
-    over every micro-batch; a shape, the other per-replica value, is read from any
-    replica)."""
+    would wait for a later stage that waits for it), and per-replica values read in
+    another stage than the one that made them: batch statistics (the reader would get
+    their average over every micro-batch) and shapes (another replica's rows)."""
     reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
     producer = ir.tensor_producer[ir.op_input_tensor]
     both = micro_batched[producer] & micro_batched[reader]
-    statistics = ir.tensor_aggregation[ir.op_input_tensor] == Aggregation.MEAN
+    statistics = np.isin(
+        ir.tensor_aggregation[ir.op_input_tensor], (Aggregation.MEAN, Aggregation.LOCAL)
+    )
     rules = (
         (
             both & forward[producer] & forward[reader] & (op_stage[producer] > op_stage[reader]),
@@ -185,8 +186,8 @@ def _check_stage_edges(
         ),
         (
             both & statistics & (op_stage[producer] != op_stage[reader]),
-            "{r} of stage {rs} reads the per-replica statistics of {p} of stage {ps}; they "
-            "must share a stage",
+            "{r} of stage {rs} reads the per-replica statistics or shape of {p} of stage "
+            "{ps}; they must share a stage",
         ),
     )
     for found, message in rules:

@@ -44,7 +44,7 @@ import numpy as np
 from tagplan.planner.compile.pipeline import forward_ops
 from tagplan.planner.compile.placement import has_batch_input
 from tagplan.planner.cost.op_time import OpCostModel
-from tagplan.planner.graph.batch import SplitCategory
+from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.grouping import atoms_of, cluster_mean_op_time_s
 from tagplan.planner.strategy import (
@@ -122,6 +122,12 @@ def op_stages(
             first = int(allowed[np.argmin(crossing[allowed])])  # the first of equals
         stage[ops[first:]] = boundary + 1
     readers = _readers(ir)
+    shape = ir.tensor_aggregation == Aggregation.LOCAL
+    for op in ops[::-1].tolist():  # a shape is taken where it is read
+        outputs = ir.outputs(op)
+        if len(outputs) and shape[outputs.start : outputs.stop].all():
+            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
+            stage[op] = min(staged, default=stage[op])
     for op in range(ir.num_ops - 1, -1, -1):  # forward ops without batch: first reader
         if forward[op] and stage[op] < 0:
             staged = [stage[r] for r in readers[op] if stage[r] >= 0]
@@ -147,14 +153,17 @@ def op_stages(
 def _backward_stage(
     ir: GraphIR, stage: np.ndarray, forward: np.ndarray, carries: np.ndarray, op: int
 ) -> int:
-    """The stage of an op outside the forward pass: the latest stage among the outputs of
-    micro-batched forward ops it reads (``forward`` marks those ops; its layer's
-    activations and saved statistics, which must be read where they were made, not a
-    mask or an encoder output every later stage reads); without any, the earliest among
-    the batch data it reads (gradients coming back), else among all it reads; -1 when
-    nothing it reads is staged yet."""
+    """The stage of an op outside the forward pass: where the replica shapes it reads were
+    taken; else the latest stage among the outputs of micro-batched forward ops it reads
+    (``forward`` marks those ops; its layer's activations and saved statistics, which
+    must be read where they were made, not a mask or an encoder output every later stage
+    reads); without any, the earliest among the batch data it reads (gradients coming
+    back), else among all it reads; -1 when nothing it reads is staged yet."""
     inputs = ir.inputs(op)
     producers = ir.tensor_producer[inputs]
+    shapes = stage[producers[ir.tensor_aggregation[inputs] == Aggregation.LOCAL]]
+    if (shapes >= 0).any():  # a replica's shape is read where it was taken
+        return int(shapes.max())
     data = carries[inputs]
     activations = stage[producers[forward[producers]]]
     if (activations >= 0).any():
