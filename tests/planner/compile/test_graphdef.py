@@ -52,6 +52,7 @@ STRATEGIES = (
     "bucketed-apart",
     "pipeline",
     "pipeline-1f1b",
+    "pipeline-baseline",
 )
 
 
@@ -116,6 +117,8 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
         fused = everywhere.model_copy(update={"gradient_sync": GradientSync.BUCKETED})
         layer = fused.model_copy(update={"device_groups": [0]}) if name.endswith("apart") else fused
         return Strategy(name=name, groups=[OpGroup(ops=apart, decision=layer)], default=fused)
+    if name == "pipeline-baseline":  # a stage per machine, as a user configures one
+        return baseline_strategy("pipeline", ir, cluster, OpCostModel(ir, cluster))
     if name.startswith("pipeline"):  # the first layer on one GPU, the rest on machine 0
         first = GroupDecision(device_groups=[1], option=AR, replicas={"m1/GPU:1": 0})
         schedule = Schedule.ONE_F_ONE_B if name.endswith("1f1b") else Schedule.GPIPE

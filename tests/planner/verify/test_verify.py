@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from tagplan.planner.compile.graphdef import compile_graphdef
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.protos import GraphDef
+from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.strategy import resolve
+from tagplan.planner.topology import load_cluster
 from tagplan.planner.verify.check import VerifyReport, lower_for_cpu, verify, verify_many
 from tests.planner.compile.test_graphdef import (
     LAYERS,
@@ -209,3 +212,16 @@ def test_the_memory_estimate_counts_every_copy_and_every_gradient_instance() -> 
     expected = 4 * variables + 2 * 4 * gradients + 5 * int(ir.variable_bytes.max())
     assert verification_bytes(ir, compiled, double=False) == expected + GIB
     assert verification_bytes(ir, compiled, double=True) == 2 * expected + GIB
+
+
+@pytest.mark.tf
+def test_a_pipeline_over_seven_machines_reads_each_replicas_own_shapes() -> None:
+    """The pipeline baseline of the small CNN on ``testbed``: seven single-micro-batch
+    stages of different widths, where the gradient of the first convolution reads the
+    shape of its input's slice; taken in another stage it would be another replica's."""
+    cluster = load_cluster("testbed")
+    _, ir = _batch_four("small_cnn")
+    strategy = baseline_strategy("pipeline", ir, cluster, OpCostModel(ir, cluster))
+    assert strategy.pipeline is not None and len(strategy.pipeline.stages) == 7
+    (report,) = verify_many("zoo:small_cnn", cluster, [strategy], batch_size=BATCH)
+    assert report.passed, report.summary()
