@@ -373,11 +373,13 @@ class Planner:
         candidates.sort(key=lambda c: c.pipeline.micro_batches if c.pipeline else 0)
         share_s = min(self.options.budget_s * _PIPELINE_SHARE, self.deadline.left_s() - reserve_s)
         ends_at = time.time() + share_s
-        expected_s = self.evaluation_s * self.per_gpu_factor
+        # an evaluation grows with the micro-batches: seconds per micro-batch, measured
+        per_micro_batch_s = self.evaluation_s * self.per_gpu_factor
         best: tuple[float, Strategy] | None = None
         tried = 0
         for strategy in candidates:
-            if time.time() + expected_s > ends_at:
+            micro_batches = strategy.pipeline.micro_batches if strategy.pipeline else 1
+            if time.time() + per_micro_batch_s * micro_batches > ends_at:
                 break
             self._check_cancel()
             started = time.perf_counter()
@@ -386,7 +388,7 @@ class Planner:
                 evaluation = self.evaluator.evaluate(strategy)
             except InvalidInput:  # micro-batches this cut cannot keep apart
                 continue
-            expected_s = time.perf_counter() - started
+            per_micro_batch_s = (time.perf_counter() - started) / micro_batches
             if not evaluation.result.oom and (best is None or evaluation.step_time_s < best[0]):
                 best = (evaluation.step_time_s, strategy)
         if tried < len(candidates):
