@@ -23,7 +23,9 @@ gradients only, the earliest stage they come from (a second set of candidates pu
 backward op with the earliest stage of the batch data it reads); what reads nothing
 staged the first stage that reads it; and the ops TensorFlow must colocate (a variable,
 its reads, slots and update) the earliest stage among their forward ops (the layer that
-reads the weight).
+reads the weight). A weight that ops of several stages read (a tied embedding) becomes a
+group of its own outside the stages, mirrored on their GPUs, its gradient summed by one
+AllReduce over them (:func:`_pipelined`).
 
 **Candidates** (:func:`pipeline_candidates`): for 2, 4, 8 and as many stages as units,
 every unit merged into that many stages, or that many of the fastest units alone (a
@@ -200,6 +202,24 @@ def _readers(ir: GraphIR) -> list[list[int]]:
     return found
 
 
+def _shared_weights(ir: GraphIR, op_stage: np.ndarray) -> dict[int, frozenset[int]]:
+    """Atoms holding a variable that ops of several stages read (a tied embedding: the
+    input lookup in the first stage, the output projection in the last), with those
+    stages."""
+    atoms = atoms_of(ir)
+    holds = np.zeros(int(atoms.max()) + 1, dtype=bool)
+    holds[atoms[ir.variable_bytes > 0]] = True
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    producer = ir.tensor_producer[ir.op_input_tensor]
+    outside = holds[atoms[producer]] & (atoms[producer] != atoms[reader])
+    stages: dict[int, set[int]] = {}
+    for atom, stage in zip(
+        atoms[producer[outside]].tolist(), op_stage[reader[outside]].tolist(), strict=True
+    ):
+        stages.setdefault(atom, set()).add(stage)
+    return {atom: frozenset(s) for atom, s in stages.items() if len(s) > 1}
+
+
 def _pipelined(
     ir: GraphIR,
     cluster: Cluster,
@@ -209,19 +229,34 @@ def _pipelined(
     micro_batches: int,
     name: str,
 ) -> Strategy:
+    """The strategy: a replicated group per stage; a weight several stages read is a
+    group of its own mirrored on all their GPUs (its gradient an AllReduce over them, as
+    Megatron-LM keeps a tied embedding), outside the stages."""
+    shared = _shared_weights(ir, op_stage)
+    atoms = atoms_of(ir)
+    apart = np.isin(atoms, list(shared))
+    stage_of = np.where(apart, -1, op_stage)
     kept = [
         OpGroup(
-            ops=[ir.op_names[o] for o in np.flatnonzero(op_stage == s).tolist()],
+            ops=[ir.op_names[o] for o in np.flatnonzero(stage_of == s).tolist()],
             decision=_stage_decision(cluster, gpus, speed),
         )
         for s, gpus in enumerate(stage_gpus)
-        if (op_stage == s).any()
+        if (stage_of == s).any()
     ]
     pipeline = Pipeline(
         stages=[[s] for s in range(len(kept))],
         micro_batches=micro_batches,
         schedule=Schedule.ONE_F_ONE_B,
     )
+    by_stages: dict[frozenset[int], list[int]] = {}
+    for atom, stages in shared.items():
+        by_stages.setdefault(stages, []).append(atom)
+    for stages, members in sorted(by_stages.items(), key=lambda kv: sorted(kv[0])):
+        gpus = np.concatenate([stage_gpus[s] for s in sorted(stages)])
+        ops = np.flatnonzero(np.isin(atoms, members))
+        decision = _stage_decision(cluster, gpus, speed)
+        kept.append(OpGroup(ops=[ir.op_names[o] for o in ops.tolist()], decision=decision))
     return Strategy(name=name, groups=kept, pipeline=pipeline)
 
 

@@ -24,6 +24,7 @@ answers only when the simulator confirms the step is no slower.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -148,7 +149,23 @@ def solve_sfb(
     )
 
 
-def _sync_point(ir: GraphIR, mode: np.ndarray, gradient: int) -> int | None:
+class _Modes:
+    """What :func:`_sync_point` walks, as Python lists (it runs once per gradient and
+    visits every duplicated op above it)."""
+
+    def __init__(self, ir: GraphIR, mode: np.ndarray) -> None:
+        self.mode = mode.tolist()
+        self.producer = ir.tensor_producer.tolist()
+        partial = np.isin(ir.tensor_aggregation, (Aggregation.SUM, Aggregation.MEAN))
+        self.partial = partial.tolist()
+        bounds, flat = ir.op_input_ptr.tolist(), ir.op_input_tensor.tolist()
+        self.inputs = [flat[bounds[i] : bounds[i + 1]] for i in range(ir.num_ops)]
+
+
+_SPLIT, _DUPLICATE = int(Mode.SPLIT), int(Mode.DUPLICATE)
+
+
+def _sync_point(walk: _Modes, gradient: int) -> int | None:
     """The tensor whose synchronization carries ``gradient``, or ``None``.
 
     A split producer's output is summed over the replicas: the gradient itself. A
@@ -158,34 +175,34 @@ def _sync_point(ir: GraphIR, mode: np.ndarray, gradient: int) -> int | None:
     with several read directly (an ``AddN`` of partial gradients) the gradient stays
     the anchor and the sums are cuts of its ILP; otherwise ``None`` (not decided).
     """
-    g = int(ir.tensor_producer[gradient])
-    if mode[g] == Mode.SPLIT:
+    mode, producer_of, partial = walk.mode, walk.producer, walk.partial
+    g = producer_of[gradient]
+    if mode[g] == _SPLIT:
         return gradient
-    if mode[g] != Mode.DUPLICATE:
+    if mode[g] != _DUPLICATE:
         return None
     sums: set[int] = set()
     seen, stack = {g}, [g]
     while stack:
-        current = stack.pop()
-        for tensor in ir.inputs(current).tolist():
-            producer = int(ir.tensor_producer[tensor])
-            partial = ir.tensor_aggregation[tensor] in (Aggregation.SUM, Aggregation.MEAN)
-            if partial and mode[producer] == Mode.SPLIT:
+        for tensor in walk.inputs[stack.pop()]:
+            producer = producer_of[tensor]
+            if partial[tensor] and mode[producer] == _SPLIT:
                 sums.add(tensor)
-            elif producer not in seen and mode[producer] == Mode.DUPLICATE:
+            elif producer not in seen and mode[producer] == _DUPLICATE:
                 seen.add(producer)
                 stack.append(producer)
     if len(sums) == 1:
         return sums.pop()
-    if sums and sums <= set(ir.inputs(g).tolist()):
+    if sums and sums <= set(walk.inputs[g]):
         return gradient
     return None
 
 
 def _synchronized_gradients(
     ir: GraphIR, strategy: Strategy, cluster: Cluster, costs: OpCostModel
-) -> list[tuple[int, int, np.ndarray, int, np.ndarray]]:
-    """Every gradient the strategy synchronizes across two or more GPUs, largest first:
+) -> Iterator[tuple[int, int, np.ndarray, int, np.ndarray]]:
+    """Every gradient the strategy synchronizes across two or more GPUs, largest first
+    (found as they are asked for, so a time budget bounds the search for them too):
     (parameter row, the tensor synchronized, the GPUs, the largest local batch, ops that
     may be duplicated with it).
 
@@ -221,7 +238,7 @@ def _synchronized_gradients(
     state |= np.isin(ir.colocation, ir.colocation[ir.variable_bytes > 0])
     op_gpus = [gpus_of_group[int(group)] for group in resolved.op_group]
     allowed_on: dict[frozenset[int], np.ndarray] = {}
-    found = []
+    walk = _Modes(ir, placement.op_mode)
     for row in np.argsort(-params.gradient_bytes, kind="stable").tolist():
         tensor = int(params.gradient_tensor[row])
         if tensor < 0:
@@ -229,7 +246,7 @@ def _synchronized_gradients(
         g = int(ir.tensor_producer[tensor])
         group = int(resolved.op_group[g])
         gpus = gpus_of_group[group]
-        anchor = _sync_point(ir, placement.op_mode, tensor)
+        anchor = _sync_point(walk, tensor)
         if len(gpus) < 2 or not replicated[group] or anchor is None:
             continue
         allowed = allowed_on.get(gpus)
@@ -238,8 +255,7 @@ def _synchronized_gradients(
             allowed = allowed_on[gpus] = replicated[resolved.op_group] & ~state & same
         if not allowed[ir.tensor_producer[anchor]]:
             continue
-        found.append((row, anchor, np.array(sorted(gpus)), local_batch[group], allowed))
-    return found
+        yield row, anchor, np.array(sorted(gpus)), local_batch[group], allowed
 
 
 def apply_sfb(
