@@ -62,6 +62,7 @@ from tagplan.planner.topology import Cluster
 __all__ = ["op_stages", "pipeline_baseline", "pipeline_candidates", "stage_units"]
 
 _CUT_SLACK = 0.3  # how far from the balanced point tagplan moves a cut, in stage shares
+_SETTLE_SWEEPS = 4  # label-propagation sweeps over the backward ops
 
 
 def stage_units(cluster: Cluster) -> list[np.ndarray]:
@@ -142,6 +143,7 @@ def op_stages(
         if stage[op] < 0:
             staged = [stage[r] for r in readers[op] if stage[r] >= 0]
             stage[op] = min(staged, default=num_stages - 1)
+    _settle_backward(ir, stage, forward, readers)
     atoms = atoms_of(ir)  # with the earliest forward op among them, else the earliest
     count = int(atoms.max()) + 1
     earliest = np.full(count, num_stages, dtype=np.int64)
@@ -150,6 +152,68 @@ def op_stages(
     np.minimum.at(forward_first, atoms[forward], stage[forward])
     chosen = np.where(forward_first < num_stages, forward_first, earliest)
     return chosen[atoms]
+
+
+def _settle_backward(
+    ir: GraphIR, stage: np.ndarray, forward: np.ndarray, readers: list[list[int]]
+) -> None:
+    """Move backward ops, a few sweeps over them, to the stage among their neighbours'
+    that the fewest bytes of their inputs and outputs cross to (label propagation): a
+    gradient that only reads gradients joins the stage of the layer it flows into
+    rather than staying where it came from. Ops holding or next to per-replica values
+    (statistics, shapes) and ops colocated with a variable stay."""
+    atoms = atoms_of(ir)
+    holds = np.zeros(int(atoms.max()) + 1, dtype=bool)
+    holds[atoms[ir.variable_bytes > 0]] = True
+    per_replica = np.isin(ir.tensor_aggregation, (Aggregation.MEAN, Aggregation.LOCAL))
+    reads_value = np.zeros(ir.num_ops, dtype=bool)
+    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    reads_value[reader[per_replica[ir.op_input_tensor]]] = True
+    makes_value = np.zeros(ir.num_ops, dtype=bool)
+    makes_value[ir.tensor_producer[per_replica]] = True
+    movable = ~forward & ~holds[atoms] & ~reads_value & ~makes_value
+    nbytes = ir.tensor_bytes.tolist()
+    producer = ir.tensor_producer.tolist()
+    bounds, flat = ir.op_input_ptr.tolist(), ir.op_input_tensor.tolist()
+    out_bounds = ir.op_output_ptr.tolist()
+    consumers = [ir.consumers(t).tolist() for t in range(ir.num_tensors)]
+    for _ in range(_SETTLE_SWEEPS):
+        moved = 0
+        for op in np.flatnonzero(movable).tolist():
+            cost: dict[int, float] = {}
+            inputs = flat[bounds[op] : bounds[op + 1]]
+            for tensor in inputs:
+                where = int(stage[producer[tensor]])
+                cost[where] = cost.get(where, 0.0) + nbytes[tensor]
+            for tensor in range(out_bounds[op], out_bounds[op + 1]):
+                for where in {int(stage[c]) for c in consumers[tensor]}:
+                    cost[where] = cost.get(where, 0.0) + nbytes[tensor]
+            # the backward pass goes stage by stage back: not below what it feeds,
+            # not above the gradients it reads
+            low = max(
+                (
+                    int(stage[c])
+                    for t in range(out_bounds[op], out_bounds[op + 1])
+                    for c in consumers[t]
+                    if movable[c]
+                ),
+                default=0,
+            )
+            high = min(
+                (int(stage[producer[t]]) for t in inputs if movable[producer[t]]),
+                default=1 << 30,
+            )
+            cost = {s: c for s, c in cost.items() if low <= s <= high}
+            if not cost:
+                continue
+            total = sum(cost.values())
+            current = int(stage[op])
+            best = max(cost, key=lambda s: (cost[s], s == current))  # the most bytes kept
+            if best != current and total - cost[best] < total - cost.get(current, 0.0):
+                stage[op] = best
+                moved += 1
+        if not moved:
+            break
 
 
 def _backward_stage(
@@ -211,7 +275,8 @@ def _shared_weights(ir: GraphIR, op_stage: np.ndarray) -> dict[int, frozenset[in
     holds[atoms[ir.variable_bytes > 0]] = True
     reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
     producer = ir.tensor_producer[ir.op_input_tensor]
-    outside = holds[atoms[producer]] & (atoms[producer] != atoms[reader])
+    forward = forward_ops(ir)  # the layers using it, not a gradient placed elsewhere
+    outside = holds[atoms[producer]] & (atoms[producer] != atoms[reader]) & forward[reader]
     stages: dict[int, set[int]] = {}
     for atom, stage in zip(
         atoms[producer[outside]].tolist(), op_stage[reader[outside]].tolist(), strict=True
