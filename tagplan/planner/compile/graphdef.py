@@ -490,13 +490,14 @@ class _GraphDefCompilation:
     def _accumulated(self, tensor: int, partial: list[_Copy]) -> list[_Copy]:
         """Micro-batches' partial sums added up on their GPU before they travel, as the
         task graph adds them."""
+        batch = self.ir.batch_size
         by_device: dict[int, list[_Copy]] = {}
         for piece in partial:
             by_device.setdefault(piece.device, []).append(piece)
         return [
             pieces[0]
             if len(pieces) == 1
-            else pieces[0]._replace(ref=self._addn(tensor, [p.ref for p in pieces], gpu))
+            else _Copy(gpu, 0, batch, _SUM, self._addn(tensor, [p.ref for p in pieces], gpu))
             for gpu, pieces in by_device.items()
         ]
 

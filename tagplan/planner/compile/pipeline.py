@@ -39,6 +39,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import breadth_first_order
 
 from tagplan.planner.compile.placement import Placement, batch_slices
 from tagplan.planner.errors import InvalidInput
@@ -87,16 +89,9 @@ def forward_ops(ir: GraphIR) -> np.ndarray:
             "a pipeline needs the graph's loss to tell forward from backward ops; "
             "name it when importing the graph"
         )
-    found = np.zeros(ir.num_ops, dtype=bool)
-    stack = [ir.loss_op]
-    found[ir.loss_op] = True
-    while stack:
-        op = stack.pop()
-        for producer in ir.tensor_producer[ir.inputs(op)].tolist():
-            if not found[producer]:
-                found[producer] = True
-                stack.append(producer)
-    return found
+    loss = np.zeros(ir.num_ops, dtype=bool)
+    loss[ir.loss_op] = True
+    return _reach(ir, loss, downstream=False)
 
 
 def micro_batched_ops(resolved: ResolvedStrategy, placement: Placement) -> np.ndarray:
@@ -131,21 +126,19 @@ def first_micro_batch_rows(resolved: ResolvedStrategy, batch_size: int) -> int:
 
 
 def _reach(ir: GraphIR, sources: np.ndarray, *, downstream: bool) -> np.ndarray:
-    """Ops reachable from ``sources`` (excluded unless reached again) through data edges,
-    towards readers or towards producers."""
-    found = np.zeros(ir.num_ops, dtype=bool)
-    stack = np.flatnonzero(sources).tolist()
-    while stack:
-        op = stack.pop()
-        if downstream:
-            nexts = [r for t in ir.outputs(op) for r in ir.consumers(t).tolist()]
-        else:
-            nexts = ir.tensor_producer[ir.inputs(op)].tolist()
-        for other in nexts:
-            if not found[other]:
-                found[other] = True
-                stack.append(other)
-    return found
+    """Ops reachable from ``sources`` (included) over data edges, towards readers or
+    towards producers: one breadth-first search from a node joined to every source."""
+    producer = ir.tensor_producer[ir.op_input_tensor]
+    tails, heads = (producer, ir.input_reader) if downstream else (ir.input_reader, producer)
+    start = ir.num_ops  # the added node
+    firsts = np.flatnonzero(sources)
+    rows = np.concatenate([tails, np.full(len(firsts), start)])
+    cols = np.concatenate([heads, firsts])
+    size = ir.num_ops + 1
+    graph = csr_matrix((np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(size, size))
+    found = np.zeros(size, dtype=bool)
+    found[breadth_first_order(graph, start, directed=True, return_predecessors=False)] = True
+    return found[: ir.num_ops]
 
 
 def _check_no_gather(ir: GraphIR, micro_batched: np.ndarray) -> None:
@@ -173,7 +166,7 @@ def _check_stage_edges(
     would wait for a later stage that waits for it), and per-replica values read in
     another stage than the one that made them: batch statistics (the reader would get
     their average over every micro-batch) and shapes (another replica's rows)."""
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    reader = ir.input_reader
     producer = ir.tensor_producer[ir.op_input_tensor]
     both = micro_batched[producer] & micro_batched[reader]
     statistics = np.isin(

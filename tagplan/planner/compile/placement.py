@@ -118,7 +118,7 @@ def _variable_of_class(ir: GraphIR) -> dict[int, int]:
 
 def has_batch_input(ir: GraphIR) -> np.ndarray:
     """Per op: does any input carry the batch dimension."""
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    reader = ir.input_reader
     found = np.zeros(ir.num_ops, dtype=bool)
     found[reader[ir.tensor_batch_axis[ir.op_input_tensor] >= 0]] = True
     return found

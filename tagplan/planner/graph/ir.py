@@ -141,6 +141,12 @@ class GraphIR:
             self.tensor_consumer_ptr[tensor] : self.tensor_consumer_ptr[tensor + 1]
         ]
 
+    @cached_property
+    def input_reader(self) -> np.ndarray:
+        """The op reading each input slot, aligned with ``op_input_tensor``: with
+        ``tensor_producer[op_input_tensor]`` the graph's data edges as arrays."""
+        return np.repeat(np.arange(self.num_ops), np.diff(self.op_input_ptr))
+
     def control_preds(self, op: int) -> np.ndarray:
         return self.control_pred[self.control_ptr[op] : self.control_ptr[op + 1]]
 

@@ -14,18 +14,19 @@ candidates, equal shares for the hand-configured baseline); a prefix of a topolo
 order never feeds an earlier run, so the forward pass goes stage by stage. tagplan moves
 each cut, within a window of ``slack`` of the smaller neighbouring stage's share, to
 where the fewest activation bytes cross it (the bytes every micro-batch sends forward
-and its gradient sends back: after VGG's convolutions, not after its first block); the
-baseline cuts where the compute is balanced. Every other op follows its neighbours: a
-forward op without batch input (a weight read) the first stage that reads it; a backward
-op the latest stage among the outputs of micro-batched forward ops it reads (its layer's
-activations and saved batch statistics, not a mask every later layer reads), or, reading
-gradients only, the earliest stage they come from (a second set of candidates puts every
-backward op with the earliest stage of the batch data it reads); what reads nothing
-staged the first stage that reads it; and the ops TensorFlow must colocate (a variable,
-its reads, slots and update) the earliest stage among their forward ops (the layer that
-reads the weight). A weight that ops of several stages read (a tied embedding) becomes a
-group of its own outside the stages, mirrored on their GPUs, its gradient summed by one
-AllReduce over them (:func:`_pipelined`).
+and its gradient sends back: VGG19's two stages split after a pooling, before block 3,
+rather than inside block 3); the baseline cuts where the compute is balanced. Every
+other op follows its neighbours: a forward op without batch input (a weight read) the
+first stage that reads it; a backward op the latest stage among the outputs of
+micro-batched forward ops it reads (its layer's activations and saved batch statistics,
+not a mask every later layer reads), or, reading gradients only, the earliest stage they
+come from (a second set of candidates puts every backward op with the earliest stage of
+the batch data it reads); what reads nothing staged the first stage that reads it; and
+the ops TensorFlow must colocate (a variable, its reads, slots and update) the earliest
+stage among their forward ops (the layer that reads the weight). A weight that ops of
+several stages read (a tied embedding) becomes a group of its own outside the stages,
+mirrored on their GPUs, so no step sends the weight; its gradient is summed where the
+stages' contributions meet and copied to every mirror (:func:`_pipelined`).
 
 **Candidates** (:func:`pipeline_candidates`): for 2, 4, 8 and as many stages as units,
 every unit merged into that many stages, or that many of the fastest units alone (a
@@ -40,6 +41,7 @@ one stage per unit, equal compute per stage, ``m = 4p``, 1F1B.
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 
 import numpy as np
 
@@ -129,22 +131,19 @@ def op_stages(
     for op in ops[::-1].tolist():  # a shape is taken where it is read
         outputs = ir.outputs(op)
         if len(outputs) and shape[outputs.start : outputs.stop].all():
-            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
-            stage[op] = min(staged, default=stage[op])
+            stage[op] = _first_reader(stage, readers[op], default=int(stage[op]))
     for op in range(ir.num_ops - 1, -1, -1):  # forward ops without batch: first reader
         if forward[op] and stage[op] < 0:
-            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
-            stage[op] = min(staged, default=-1)
+            stage[op] = _first_reader(stage, readers[op], default=-1)
     carries = ir.tensor_batch_axis >= 0
     for op in range(ir.num_ops):  # backward ops: with the activations of their layer
         if stage[op] < 0:
             stage[op] = _backward_stage(ir, stage, cut & by_layer, carries, op)
     for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
         if stage[op] < 0:
-            staged = [stage[r] for r in readers[op] if stage[r] >= 0]
-            stage[op] = min(staged, default=num_stages - 1)
-    _settle_backward(ir, stage, forward, readers)
-    atoms = atoms_of(ir)  # with the earliest forward op among them, else the earliest
+            stage[op] = _first_reader(stage, readers[op], default=num_stages - 1)
+    _settle_backward(ir, stage, forward)
+    atoms, _ = _variable_atoms(ir)  # with the earliest forward op among them, else the earliest
     count = int(atoms.max()) + 1
     earliest = np.full(count, num_stages, dtype=np.int64)
     np.minimum.at(earliest, atoms, stage)
@@ -154,20 +153,31 @@ def op_stages(
     return chosen[atoms]
 
 
-def _settle_backward(
-    ir: GraphIR, stage: np.ndarray, forward: np.ndarray, readers: list[list[int]]
-) -> None:
+def _first_reader(stage: np.ndarray, readers: list[int], *, default: int) -> int:
+    """The earliest stage among ``readers`` already staged, else ``default``."""
+    return min((int(stage[r]) for r in readers if stage[r] >= 0), default=default)
+
+
+@lru_cache(maxsize=8)
+def _variable_atoms(ir: GraphIR) -> tuple[np.ndarray, np.ndarray]:
+    """Each op's atom (:func:`~.grouping.atoms_of`) and, per atom, whether it holds a
+    variable."""
+    atoms = atoms_of(ir)
+    holds = np.zeros(int(atoms.max()) + 1, dtype=bool)
+    holds[atoms[ir.variable_bytes > 0]] = True
+    return atoms, holds
+
+
+def _settle_backward(ir: GraphIR, stage: np.ndarray, forward: np.ndarray) -> None:
     """Move backward ops, a few sweeps over them, to the stage among their neighbours'
     that the fewest bytes of their inputs and outputs cross to (label propagation): a
     gradient that only reads gradients joins the stage of the layer it flows into
     rather than staying where it came from. Ops holding or next to per-replica values
     (statistics, shapes) and ops colocated with a variable stay."""
-    atoms = atoms_of(ir)
-    holds = np.zeros(int(atoms.max()) + 1, dtype=bool)
-    holds[atoms[ir.variable_bytes > 0]] = True
+    atoms, holds = _variable_atoms(ir)
     per_replica = np.isin(ir.tensor_aggregation, (Aggregation.MEAN, Aggregation.LOCAL))
     reads_value = np.zeros(ir.num_ops, dtype=bool)
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    reader = ir.input_reader
     reads_value[reader[per_replica[ir.op_input_tensor]]] = True
     makes_value = np.zeros(ir.num_ops, dtype=bool)
     makes_value[ir.tensor_producer[per_replica]] = True
@@ -260,7 +270,7 @@ def _crossing_bytes(ir: GraphIR, ops: np.ndarray) -> np.ndarray:
 def _readers(ir: GraphIR) -> list[list[int]]:
     """Per op, the ops reading any of its outputs."""
     found: list[list[int]] = [[] for _ in range(ir.num_ops)]
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr)).tolist()
+    reader = ir.input_reader.tolist()
     for op, tensor in zip(reader, ir.op_input_tensor.tolist(), strict=True):
         found[int(ir.tensor_producer[tensor])].append(op)
     return found
@@ -270,10 +280,8 @@ def _shared_weights(ir: GraphIR, op_stage: np.ndarray) -> dict[int, frozenset[in
     """Atoms holding a variable that ops of several stages read (a tied embedding: the
     input lookup in the first stage, the output projection in the last), with those
     stages."""
-    atoms = atoms_of(ir)
-    holds = np.zeros(int(atoms.max()) + 1, dtype=bool)
-    holds[atoms[ir.variable_bytes > 0]] = True
-    reader = np.repeat(np.arange(ir.num_ops), np.diff(ir.op_input_ptr))
+    atoms, holds = _variable_atoms(ir)
+    reader = ir.input_reader
     producer = ir.tensor_producer[ir.op_input_tensor]
     forward = forward_ops(ir)  # the layers using it, not a gradient placed elsewhere
     outside = holds[atoms[producer]] & (atoms[producer] != atoms[reader]) & forward[reader]
@@ -295,10 +303,10 @@ def _pipelined(
     name: str,
 ) -> Strategy:
     """The strategy: a replicated group per stage; a weight several stages read is a
-    group of its own mirrored on all their GPUs (its gradient an AllReduce over them, as
-    Megatron-LM keeps a tied embedding), outside the stages."""
+    group of its own mirrored on all their GPUs (as Megatron-LM keeps a tied embedding
+    on its first and last stage), outside the stages."""
     shared = _shared_weights(ir, op_stage)
-    atoms = atoms_of(ir)
+    atoms, _ = _variable_atoms(ir)
     apart = np.isin(atoms, list(shared))
     stage_of = np.where(apart, -1, op_stage)
     kept = [

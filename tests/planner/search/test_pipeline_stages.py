@@ -153,3 +153,54 @@ def test_a_cut_that_parts_a_batch_norm_from_its_gradient_is_refused() -> None:
     resolved = resolve(early[0], ir, cluster)
     with pytest.raises(InvalidInput, match="reads the per-replica statistics or shape of"):
         phase_barriers(ir, resolved, place(ir, resolved))
+
+
+@pytest.mark.tf
+def test_a_weight_two_stages_read_is_mirrored_on_both_and_the_step_verifies(tmp_path) -> None:
+    """A kernel read by the first layer and the last (a tied weight) across two stages:
+    it becomes a group of its own outside the stages, mirrored on both stages' GPUs, so
+    no step sends the weight; TensorFlow runs the pipelined step as the original."""
+    import tensorflow as tf
+
+    from tagplan.planner.graph.analyzer import analyze
+    from tagplan.planner.graph.protos import GraphDef
+    from tagplan.planner.verify.check import verify
+    from tagplan.planner.zoo.models.common import Forward, build_tf1, mean_xent, placeholder
+    from tagplan.planner.zoo.models.layers import variable
+
+    width, batch = 16, 8
+
+    def forward() -> Forward:
+        features = placeholder("features", tf.float32, [batch, width])
+        labels = placeholder("labels", tf.int32, [batch])
+        init = tf.compat.v1.glorot_uniform_initializer()
+        tied = variable("tied", [width, width], init)
+        x = tf.nn.relu(tf.matmul(features, tied))
+        for layer in range(3):
+            x = tf.nn.relu(tf.matmul(x, variable(f"middle_{layer}", [width, width], init)))
+        logits = tf.matmul(x, tied)
+        return Forward(
+            [features, labels], mean_xent(logits, labels), value_ranges={"labels": width}
+        )
+
+    built = build_tf1(forward)
+    path = tmp_path / "tied.pb"
+    path.write_bytes(built.graph_def.SerializeToString())
+    graph_def = GraphDef.FromString(path.read_bytes())
+    ir = analyze(graph_def, batch_inputs=["features", "labels"], loss=built.loss_node)
+    cluster = _machines(2)
+    strategy = next(iter(pipeline_candidates(ir, cluster, OpCostModel(ir, cluster))))
+    stages = {g for stage in strategy.pipeline.stages for g in stage}
+    outside = [g for g in range(len(strategy.groups)) if g not in stages]
+    assert len(stages) == 2 and len(outside) == 1
+    apart = strategy.groups[outside[0]]
+    assert "tied" in apart.ops and apart.decision.device_groups == [0, 1]
+    evaluation = Evaluator(ir, cluster).evaluate(strategy)
+    placement = evaluation.compiled.placement
+    apply = int(ir.parameters.apply_op[ir.parameters.names.index("tied")])
+    assert len(set(placement.devices(apply).tolist())) == 4  # a mirror on every GPU
+    names = evaluation.compiled.task_graph.task_names
+    sent = {n.split(" ")[1].split(":")[0] for n in names if n.startswith("send ")}
+    assert not sent & set(apart.ops)  # the weight and its reads never travel
+    report = verify(str(path), cluster, strategy.to_json())
+    assert report.passed, report.summary()
