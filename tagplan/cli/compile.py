@@ -65,7 +65,7 @@ def compile_command(
         names = _captured_names(graph)
         compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved, names)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "distributed.pb").write_bytes(compiled.graph_def.SerializeToString())
+    (out / "distributed.pb").write_bytes(compiled.graph_def_bytes)
     (out / "device_map.json").write_text(json.dumps(compiled.device_map, indent=2))
     (out / "strategy.json").write_text(chosen.to_json())
     counts = ", ".join(f"{n} {kind}" for kind, n in compiled.auxiliary_counts().items() if n)

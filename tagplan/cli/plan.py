@@ -33,7 +33,7 @@ def _write_outputs(out: Path, result, label: str) -> None:
     (out / "report.md").write_text(result.report_markdown(f"tagplan plan: {label}"))
     (out / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     if result.distributed is not None:
-        (out / "distributed.pb").write_bytes(result.distributed.graph_def.SerializeToString())
+        (out / "distributed.pb").write_bytes(result.distributed.graph_def_bytes)
         (out / "device_map.json").write_text(json.dumps(result.distributed.device_map, indent=2))
 
 

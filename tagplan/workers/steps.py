@@ -453,7 +453,7 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     stored = StoredPlan(
         summary,
         distributed.device_map if distributed else None,
-        distributed.graph_def.SerializeToString() if distributed else None,
+        distributed.graph_def_bytes if distributed else None,
         complete=complete,
     )
     with session_scope(url) as session:

@@ -61,15 +61,23 @@ travel through every call.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.covering import covering_pieces
+from tagplan.planner.compile.node_bytes import (
+    NodeStore,
+    NodeTemplate,
+    serialize_graph,
+    shapes_attr,
+    shapes_entry,
+)
 from tagplan.planner.compile.pipeline import (
     control_pairs,
     first_micro_batch_rows,
@@ -77,13 +85,13 @@ from tagplan.planner.compile.pipeline import (
     phase_barriers,
 )
 from tagplan.planner.compile.placement import Placement, place, sums_partials
-from tagplan.planner.compile.state import graph_digest, state_ops
+from tagplan.planner.compile.state import state_ops
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.params import SCATTER_OPS, VARIABLE_OPS, WRITE_OPS
-from tagplan.planner.graph.protos import DT_RESOURCE, AttrValue, GraphDef, NodeDef, dtype_name
+from tagplan.planner.graph.protos import DT_RESOURCE, GraphDef, NodeDef, dtype_name
 from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
@@ -193,13 +201,19 @@ class DistributedGraph:
     ``auxiliary`` lists the auxiliary ops as ``(kind, nodes)`` with ``kind`` one of
     :data:`AUXILIARY_KINDS`: the ``Slice`` of a split (or the placeholder a split was
     folded into), the ``ConcatV2``, the ``AddN``, or the per-GPU nodes of one AllReduce.
+    ``graph_def_bytes`` is the graph's deterministic serialization (what ``distributed.pb``
+    holds and ``graph_sha256`` hashes); ``graph_def`` parses it when first read.
     """
 
-    graph_def: Any
+    graph_def_bytes: bytes
     device_map: dict[str, Any]
     placement: Placement
     instance_node: tuple[str, ...]
     auxiliary: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @cached_property
+    def graph_def(self) -> Any:
+        return GraphDef.FromString(self.graph_def_bytes)
 
     def variable_replicas(self) -> dict[str, list[str]]:
         """Every variable of the step -> its replica nodes: the ``variables`` of a TF1
@@ -240,10 +254,13 @@ def _node_of(ref: str) -> str:
 
 @dataclass(eq=False)
 class _Emitter:
-    """The output graph under construction, with unique names."""
+    """The output graph under construction, with unique names; the readers of the
+    ``watched`` nodes (by name, control inputs included) as nodes are added."""
 
     taken: set[str]
-    nodes: dict[str, Any] = field(default_factory=dict)
+    nodes: NodeStore = field(default_factory=NodeStore)
+    watched: set[str] = field(default_factory=set)
+    readers: dict[str, list[str]] = field(default_factory=dict)
     # the next suffix to try for a wanted name: many nodes want the same one (a restore
     # per replica), and counting from 1 each time would make naming quadratic
     _next_suffix: dict[str, int] = field(default_factory=dict)
@@ -259,6 +276,15 @@ class _Emitter:
         self.taken.add(name)
         return name
 
+    def add(self, name: str, node: Any, inputs: list[str]) -> None:
+        """Add ``node`` (a ``NodeDef`` or its serialization) reading ``inputs``."""
+        self.nodes[name] = node
+        watched = self.watched
+        for ref in inputs:
+            source = _node_of(ref.lstrip("^"))
+            if source in watched:
+                self.readers.setdefault(source, []).append(name)
+
     def node(self, name: str, op: str, device: str, inputs: list[str], **attrs: Any) -> Any:
         node = NodeDef(name=name, op=op, device=device)
         node.input.extend(inputs)
@@ -273,7 +299,7 @@ class _Emitter:
                 node.attr[key].f = value
             else:
                 node.attr[key].s = value.encode()
-        self.nodes[name] = node
+        self.add(name, node, inputs)
         return node
 
     def const(self, wanted: str, device: str, values: np.ndarray, dtype: int) -> str:
@@ -288,24 +314,20 @@ class _Emitter:
         return name
 
 
-@lru_cache(maxsize=1 << 14)
-def _shapes_attr(shapes: tuple[tuple[int, ...], ...]) -> Any:
-    """The ``_output_shapes`` attribute of ``shapes``, built once per distinct list (a
-    replicated op's instances mostly share one)."""
-    attr = AttrValue()
-    for shape in shapes:
-        proto = attr.list.shape.add()
-        for size in shape:
-            proto.dim.add().size = int(size)
-    return attr
+def _known_shapes(shapes: list[tuple[int, ...] | None]) -> tuple[tuple[int, ...], ...] | None:
+    """``shapes`` as the ``_output_shapes`` attribute takes them; ``None`` when one is
+    unknown (or there are none): the attribute is left out."""
+    if not shapes or None in shapes:
+        return None
+    return tuple(shapes)
 
 
 def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
     if "_output_shapes" in node.attr:
         del node.attr["_output_shapes"]
-    if not shapes or any(s is None for s in shapes):
-        return
-    node.attr["_output_shapes"].CopyFrom(_shapes_attr(tuple(tuple(s) for s in shapes)))
+    known = _known_shapes(shapes)
+    if known is not None:
+        node.attr["_output_shapes"].CopyFrom(shapes_attr(known))
 
 
 class _GraphDefCompilation:
@@ -340,6 +362,21 @@ class _GraphDefCompilation:
             for k in range(len(self.placement.instances(op)))
         ]
         self.out = _Emitter(taken=set(ir.op_names) | set(self.instance_node))
+        # readers of the batch inputs' instances, for folding a lone Slice into the feed
+        self.out.watched.update(
+            self.instance_node[i]
+            for op in ir.batch_input_ops.tolist()
+            for i in self.placement.instances(op)
+        )
+        # per instance and per tensor, what every instance reads (lists: a hot loop)
+        placement = self.placement
+        self.inst_device = placement.inst_device.tolist()
+        self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
+        self.op_split = (placement.op_mode == _SPLIT).tolist()
+        self.batch_axis = ir.tensor_batch_axis.tolist()
+        self.aggregation = ir.tensor_aggregation.tolist()
+        self.has_control = (np.diff(ir.control_ptr) > 0).tolist()
+        self.templates: dict[int, NodeTemplate] = {}
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
         # per-replica values (_MEAN, _LOCAL) and partial sums by (tensor, device)
@@ -350,6 +387,7 @@ class _GraphDefCompilation:
         self.op_inputs = [ir.inputs(op).tolist() for op in range(ir.num_ops)]
         self.op_outputs = [list(ir.outputs(op)) for op in range(ir.num_ops)]
         self.op_count = np.diff(self.placement.inst_ptr).tolist()
+        self.adds_partials_list = self.adds_partials.tolist()
         self.auxiliary: list[tuple[str, tuple[str, ...]]] = []
         self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
         self.local_consts: dict[tuple[int, int, int, int], str] = {}
@@ -366,7 +404,7 @@ class _GraphDefCompilation:
 
     def _shape(self, tensor: int, lo: int, hi: int) -> tuple[int, ...] | None:
         shape = self.ir.tensor_shapes[tensor]
-        axis = int(self.ir.tensor_batch_axis[tensor])
+        axis = self.batch_axis[tensor]
         if shape is None or axis < 0 or axis >= len(shape) or shape[axis] < 0:
             return shape
         local = list(shape)
@@ -619,6 +657,7 @@ class _GraphDefCompilation:
         _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
         self.slices[name] = (lo, hi, consts)
+        self.out.watched.add(name)
         piece = _Copy(device, lo, hi, _SLICE, name)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
@@ -736,13 +775,12 @@ class _GraphDefCompilation:
 
     # ops ---------------------------------------------------------------------------------
     def _publish(self, op: int, inst: int, node: str) -> None:
-        device = int(self.placement.inst_device[inst])
-        lo, hi = int(self.placement.inst_lo[inst]), int(self.placement.inst_hi[inst])
-        split = self.placement.op_mode[op] == _SPLIT
+        device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
+        split = self.op_split[op]
         batch = self.ir.batch_size
         for slot, tensor in enumerate(self.op_outputs[op]):
-            carries = self.ir.tensor_batch_axis[tensor] >= 0
-            aggregation = int(self.ir.tensor_aggregation[tensor])
+            carries = self.batch_axis[tensor] >= 0
+            aggregation = self.aggregation[tensor]
             if not split:
                 kind, lo_t, hi_t = _FULL, 0, batch
             elif aggregation == _AGGREGATE_SUM:
@@ -758,48 +796,56 @@ class _GraphDefCompilation:
             copy = _Copy(device, lo_t, hi_t, kind, node if slot == 0 else f"{node}:{slot}")
             self.copies[tensor].append(copy)
             if kind in (_FULL, _SLICE):
-                self.cache.setdefault((int(tensor), device, lo_t, hi_t), copy)
+                self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
             elif kind == _SUM:
-                self.partials[(int(tensor), device, lo_t, hi_t)] = copy
+                self.partials[(tensor, device, lo_t, hi_t)] = copy
             else:
-                self.replica_values.setdefault((int(tensor), device), []).append(copy)
+                self.replica_values.setdefault((tensor, device), []).append(copy)
 
     def _instance(self, op: int, inst: int) -> None:
-        ir, placement = self.ir, self.placement
+        ir = self.ir
         name = self.instance_node[inst]
-        device = int(placement.inst_device[inst])
-        lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
-        split = placement.op_mode[op] == _SPLIT
-        adds_partials = bool(self.adds_partials[op])
+        device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
+        split = self.op_split[op]
+        adds_partials = self.adds_partials_list[op]
+        local_rows = split and not adds_partials
+        batch_axis, aggregation = self.batch_axis, self.aggregation
         inputs: list[str] = []
         for position, tensor in enumerate(self.op_inputs[op]):
-            if split and ir.tensor_batch_axis[tensor] >= 0:
+            if split and batch_axis[tensor] >= 0:
                 copy = self._slice(tensor, device, lo, hi, op)
-            elif adds_partials and ir.tensor_aggregation[tensor] == _AGGREGATE_SUM:
+            elif adds_partials and aggregation[tensor] == _AGGREGATE_SUM:
                 copy = self._partial(tensor, device, lo, hi)
             else:
                 copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
-            local_rows = split and not adds_partials
             inputs.append(
                 self._local_shape(op, position, copy.ref, inst) if local_rows else copy.ref
             )
-        if len(ir.control_preds(op)):
+        if self.has_control[op]:
             inputs.extend(self._control_inputs(op, inst))
-        node = NodeDef()
-        node.CopyFrom(self.originals[ir.op_names[op]])
-        node.name, node.device = name, self.devices[device]
-        del node.input[:]
-        node.input.extend(inputs)
-        if "_class" in node.attr:
-            del node.attr["_class"]
-        if self.op_count[op] > 1 and ir.op_types[op] in VARIABLE_OPS:
-            shared = node.attr["shared_name"].s.decode() or ir.op_names[op]
-            replica = inst - int(placement.inst_ptr[op])
-            node.attr["shared_name"].s = f"{shared}/replica_{replica}".encode()
         outputs = self.op_outputs[op]
         shapes = [self._shape(t, lo, hi) if split else ir.tensor_shapes[t] for t in outputs]
-        _set_shapes(node, shapes)
-        self.out.nodes[name] = node
+        original = self.originals[ir.op_names[op]]
+        if self.op_count[op] > 1 and ir.op_types[op] in VARIABLE_OPS:  # its own shared_name
+            node = NodeDef()
+            node.CopyFrom(original)
+            node.name, node.device = name, self.devices[device]
+            del node.input[:]
+            node.input.extend(inputs)
+            if "_class" in node.attr:
+                del node.attr["_class"]
+            shared = node.attr["shared_name"].s.decode() or ir.op_names[op]
+            replica = inst - int(self.placement.inst_ptr[op])
+            node.attr["shared_name"].s = f"{shared}/replica_{replica}".encode()
+            _set_shapes(node, shapes)
+            self.out.add(name, node, inputs)
+        else:  # the original's other fields, serialized once per op
+            template = self.templates.get(op)
+            if template is None:
+                template = self.templates[op] = NodeTemplate(original)
+            known = _known_shapes(shapes)
+            entry = b"" if known is None else shapes_entry(known)
+            self.out.add(name, template.instance(name, inputs, self.devices[device], entry), inputs)
         self._publish(op, inst, name)
 
     def _barrier(self, name: str, waits_for: set[str], releases: list[str]) -> None:
@@ -830,18 +876,7 @@ class _GraphDefCompilation:
     def _fold_inputs(self) -> dict[str, list[list[Any]]]:
         """Fold the lone ``Slice`` of a replica's placeholder into the feed."""
         ir, placement, nodes = self.ir, self.placement, self.out.nodes
-        # readers of the placeholders' instances and of the slices (the only names looked up)
-        wanted = set(self.slices).union(
-            self.instance_node[i]
-            for op in ir.batch_input_ops.tolist()
-            for i in placement.instances(op)
-        )
-        readers: dict[str, list[str]] = {}
-        for node in nodes.values():
-            for ref in node.input:
-                source = _node_of(ref.lstrip("^"))
-                if source in wanted:
-                    readers.setdefault(source, []).append(node.name)
+        readers = self.out.readers  # of the placeholders' instances and of the slices
         inputs: dict[str, list[list[Any]]] = {}
         for op in ir.batch_input_ops.tolist():
             entries = inputs.setdefault(ir.op_names[op], [])
@@ -958,10 +993,10 @@ class _GraphDefCompilation:
             self.source, self.out.nodes, variables, set(ir.op_names), self.out.name
         )
         self.out.nodes.update((node.name, node) for node in added)
-        graph_def = GraphDef()
-        graph_def.versions.CopyFrom(self.source.versions)
-        graph_def.library.CopyFrom(self.source.library)
-        graph_def.node.extend(self.out.nodes.values())
+        rest = GraphDef()
+        rest.versions.CopyFrom(self.source.versions)
+        rest.library.CopyFrom(self.source.library)
+        serialized = serialize_graph(self.out.nodes, rest)
         device_map = {
             "tasks": task_map(self.cluster),
             "variables": variables,
@@ -970,10 +1005,10 @@ class _GraphDefCompilation:
             "loss": loss,
             "train_op": train_op,
             **state,
-            "graph_sha256": graph_digest(graph_def),
+            "graph_sha256": hashlib.sha256(serialized).hexdigest(),  # as graph_digest gives
         }
         return DistributedGraph(
-            graph_def=graph_def,
+            graph_def_bytes=serialized,
             device_map=device_map,
             placement=placement,
             instance_node=tuple(self.instance_node),

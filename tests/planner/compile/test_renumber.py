@@ -102,7 +102,11 @@ def test_the_renumbered_graph_computes_the_single_device_step(plans) -> None:
     for name in ("dp-nccl", "dp-ps"):
         _, graph_def, device_map = _renumbered(plans, name)
         moved.append(
-            dataclasses.replace(compiled[name], graph_def=graph_def, device_map=device_map)
+            dataclasses.replace(
+                compiled[name],
+                graph_def_bytes=graph_def.SerializeToString(),
+                device_map=device_map,
+            )
         )
     for report in verify_many("zoo:mlp", target, moved, batch_size=BATCH):
         assert report.passed, report.summary()

@@ -49,7 +49,7 @@ def _dropped_addn_input(graph_def, ir, cluster):
     addn = next(n for n in broken.node if n.op == "AddN")
     del addn.input[0]
     addn.attr["N"].i -= 1
-    return dataclasses.replace(compiled, graph_def=broken)
+    return dataclasses.replace(compiled, graph_def_bytes=broken.SerializeToString())
 
 
 def _wrong_rows(graph_def, ir, cluster):

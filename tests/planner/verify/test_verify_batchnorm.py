@@ -77,7 +77,7 @@ def _wrong_statistics(model: str, cluster):
     )
     for i in range(3, 6):
         gradient.input[i] = gradient.input[i].replace("/replica_1:", "/replica_0:")
-    return dataclasses.replace(compiled, graph_def=broken)
+    return dataclasses.replace(compiled, graph_def_bytes=broken.SerializeToString())
 
 
 def _verified(model: str, plans: dict) -> dict[str, VerifyReport]:
