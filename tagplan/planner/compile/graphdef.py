@@ -255,11 +255,12 @@ def _node_of(ref: str) -> str:
 @dataclass(eq=False)
 class _Emitter:
     """The output graph under construction, with unique names; the readers of the
-    ``watched`` nodes (by name, control inputs included) as nodes are added."""
+    watched nodes (control inputs included) as nodes are added."""
 
     taken: set[str]
     nodes: NodeStore = field(default_factory=NodeStore)
-    watched: set[str] = field(default_factory=set)
+    # references to watched nodes ("name", "^name": each has one output) -> their name
+    watched: dict[str, str] = field(default_factory=dict)
     readers: dict[str, list[str]] = field(default_factory=dict)
     # the next suffix to try for a wanted name: many nodes want the same one (a restore
     # per replica), and counting from 1 each time would make naming quadratic
@@ -276,13 +277,17 @@ class _Emitter:
         self.taken.add(name)
         return name
 
+    def watch(self, name: str) -> None:
+        """Record the readers of node ``name`` (a node with one output) from now on."""
+        self.watched[name] = self.watched[f"^{name}"] = name
+
     def add(self, name: str, node: Any, inputs: list[str]) -> None:
         """Add ``node`` (a ``NodeDef`` or its serialization) reading ``inputs``."""
         self.nodes[name] = node
         watched = self.watched
         for ref in inputs:
-            source = _node_of(ref.lstrip("^"))
-            if source in watched:
+            source = watched.get(ref)
+            if source is not None:
                 self.readers.setdefault(source, []).append(name)
 
     def node(self, name: str, op: str, device: str, inputs: list[str], **attrs: Any) -> Any:
@@ -363,11 +368,10 @@ class _GraphDefCompilation:
         ]
         self.out = _Emitter(taken=set(ir.op_names) | set(self.instance_node))
         # readers of the batch inputs' instances, for folding a lone Slice into the feed
-        self.out.watched.update(
-            self.instance_node[i]
-            for op in ir.batch_input_ops.tolist()
-            for i in self.placement.instances(op)
-        )
+        for op in ir.batch_input_ops.tolist():
+            if len(ir.outputs(op)) == 1:  # only a placeholder of one output is folded
+                for i in self.placement.instances(op):
+                    self.out.watch(self.instance_node[i])
         # per instance and per tensor, what every instance reads (lists: a hot loop)
         placement = self.placement
         self.inst_device = placement.inst_device.tolist()
@@ -376,6 +380,7 @@ class _GraphDefCompilation:
         self.batch_axis = ir.tensor_batch_axis.tolist()
         self.aggregation = ir.tensor_aggregation.tolist()
         self.has_control = (np.diff(ir.control_ptr) > 0).tolist()
+        self.shape_argument = [_SHAPE_ARGUMENTS.get(kind, -1) for kind in ir.op_types]
         self.templates: dict[int, NodeTemplate] = {}
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
@@ -657,7 +662,7 @@ class _GraphDefCompilation:
         _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
         self.slices[name] = (lo, hi, consts)
-        self.out.watched.add(name)
+        self.out.watch(name)
         piece = _Copy(device, lo, hi, _SLICE, name)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
@@ -738,7 +743,7 @@ class _GraphDefCompilation:
         the replica's own input) is local already."""
         ir, placement = self.ir, self.placement
         output = ir.outputs(op)
-        if _SHAPE_ARGUMENTS.get(ir.op_types[op]) != position or not len(output):
+        if not len(output):
             return ref
         tensor = int(ir.inputs(op)[position])
         full = ir.tensor_shapes[output[0]]
@@ -808,7 +813,8 @@ class _GraphDefCompilation:
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         split = self.op_split[op]
         adds_partials = self.adds_partials_list[op]
-        local_rows = split and not adds_partials
+        # the input a split instance reads at its own rows: its shape argument
+        local_shape = self.shape_argument[op] if split and not adds_partials else -1
         batch_axis, aggregation = self.batch_axis, self.aggregation
         inputs: list[str] = []
         for position, tensor in enumerate(self.op_inputs[op]):
@@ -819,7 +825,9 @@ class _GraphDefCompilation:
             else:
                 copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
             inputs.append(
-                self._local_shape(op, position, copy.ref, inst) if local_rows else copy.ref
+                self._local_shape(op, position, copy.ref, inst)
+                if position == local_shape
+                else copy.ref
             )
         if self.has_control[op]:
             inputs.extend(self._control_inputs(op, inst))
