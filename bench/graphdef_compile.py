@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -88,16 +89,22 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
         return
+    compared = (
+        f" *{label}*: the same script run on that code in the same session (`--json`), "
+        "read back with `--before`; the graphs are byte-identical."
+        if before
+        else ""
+    )
     body = "\n".join(
         [
             "Seconds from a resolved strategy to the bytes of `distributed.pb` "
             "(`compile_graphdef`, median of "
-            f"{args.runs} after a warm-up), one core; zoo batch sizes.",
+            f"{args.runs} after a warm-up), one core; zoo batch sizes.{compared}",
             "",
             *lines,
         ]
     )
-    command = "python -m bench.graphdef_compile"
+    command = " ".join(["python -m bench.graphdef_compile", *sys.argv[1:]])
     write_section("graphdef-compile", "GraphDef compile at scale", command, body)
 
 
