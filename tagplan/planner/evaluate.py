@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tagplan.planner.compile.pipeline import phase_barriers
+from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.symmetry import Symmetry
 from tagplan.planner.compile.task_compiler import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
@@ -80,6 +82,29 @@ class Evaluator:
         if compiled.symmetry is not None and compiled.task_copies is not None:
             result = _per_device(result, compiled.symmetry, compiled.task_copies, graph)
         return Evaluation(strategy, resolved, compiled, result)
+
+    def compute_bound_s(self, strategy: Strategy) -> float:
+        """A lower bound on ``strategy``'s simulated step without compiling it: the most
+        compute any GPU runs. The task graph gives every op instance on a GPU a compute
+        task of the op's time on that GPU's type at the instance's rows (as here), and a
+        GPU runs its tasks one at a time, so no step is shorter; transfers, waits and the
+        auxiliary ops only add. Costs a placement, not a compile; refuses a pipeline the
+        graph cannot run as :meth:`evaluate` does
+        (:class:`~tagplan.planner.errors.InvalidInput`)."""
+        resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
+        placement = place(self.ir, resolved)
+        phase_barriers(self.ir, resolved, placement)
+        op_of = np.repeat(np.arange(self.ir.num_ops), np.diff(placement.inst_ptr))
+        local = np.maximum(placement.inst_hi - placement.inst_lo, 1)
+        device_type = self.cluster.device_type[placement.inst_device]
+        seconds = np.zeros(len(op_of))
+        for gpu_type, rows in {(int(t), int(r)) for t, r in zip(device_type, local, strict=True)}:
+            chosen = (device_type == gpu_type) & (local == rows)
+            seconds[chosen] = self.costs.op_times(gpu_type, rows).seconds[op_of[chosen]]
+        busy = np.bincount(
+            placement.inst_device, weights=seconds, minlength=self.cluster.num_devices
+        )
+        return float(busy.max()) if len(busy) else 0.0
 
 
 def _per_device(

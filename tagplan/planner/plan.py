@@ -12,7 +12,9 @@
 * **pipelined candidates** (after the search, inside its phase): tagplan's pipelines
   (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds,
   micro-batch counts), fewest micro-batches first while a tenth of the budget lasts; the
-  fastest that fits joins the contenders as ``pipelined``;
+  fastest that fits joins the contenders as ``pipelined``; a candidate whose busiest GPU
+  computes for longer than the best step that fits so far is not simulated
+  (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
   strategy and the fastest baseline (SFB can turn the order around);
@@ -59,6 +61,7 @@ planner as its argument.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -362,10 +365,12 @@ class Planner:
         pipeline = self.options.budget_s * _PIPELINE_SHARE if self.options.pipeline else 0.0
         return pipeline + sfb + self._last_steps_s(self.graphdef)
 
-    def _best_pipeline(self, reserve_s: float) -> Strategy | None:
+    def _best_pipeline(self, reserve_s: float, incumbent_s: float | None) -> Strategy | None:
         """tagplan's pipelined candidates (:func:`~.search.pipeline_stages.pipeline_candidates`),
         fewest micro-batches first, simulated while their share of the budget lasts: the
-        fastest that fits, or ``None``."""
+        fastest that fits, or ``None``. A candidate whose compute bound is no shorter than
+        ``incumbent_s`` (the best step that fits so far) or than the best candidate's is
+        ruled out without a simulation."""
         if not self.options.pipeline:
             return None
         costs = self.evaluator.costs
@@ -376,28 +381,40 @@ class Planner:
         # an evaluation grows with the micro-batches: seconds per micro-batch, measured
         per_micro_batch_s = self.evaluation_s * self.per_gpu_factor
         best: tuple[float, Strategy] | None = None
-        tried = 0
+        bar_s = math.inf if incumbent_s is None else incumbent_s  # what a candidate must beat
+        tried = ruled_out = refused = 0
         for strategy in candidates:
             micro_batches = strategy.pipeline.micro_batches if strategy.pipeline else 1
             if time.time() + per_micro_batch_s * micro_batches > ends_at:
                 break
             self._check_cancel()
             started = time.perf_counter()
-            tried += 1
-            try:
+            try:  # the bound refuses micro-batches this cut cannot keep apart
+                if self.evaluator.compute_bound_s(strategy) >= bar_s:
+                    ruled_out += 1
+                    continue
                 evaluation = self.evaluator.evaluate(strategy)
-            except InvalidInput:  # micro-batches this cut cannot keep apart
+            except InvalidInput:
+                refused += 1
                 continue
+            tried += 1
             per_micro_batch_s = (time.perf_counter() - started) / micro_batches
             if not evaluation.result.oom and (best is None or evaluation.step_time_s < best[0]):
                 best = (evaluation.step_time_s, strategy)
+                bar_s = min(bar_s, evaluation.step_time_s)
         if tried < len(candidates):
-            report = self.phases.reports.setdefault("search", PhaseReport())
-            report.note = "; ".join(
-                n
-                for n in (report.note, f"{tried} of {len(candidates)} pipelined candidates tried")
+            left = len(candidates) - tried - ruled_out - refused
+            note = f"{tried} of {len(candidates)} pipelined candidates simulated" + "".join(
+                f", {n} {why}"
+                for n, why in (
+                    (ruled_out, "ruled out by their busiest GPU's compute"),
+                    (refused, "refused by the graph"),
+                    (left, "left for lack of time"),
+                )
                 if n
             )
+            report = self.phases.reports.setdefault("search", PhaseReport())
+            report.note = "; ".join(n for n in (report.note, note) if n)
         return None if best is None else best[1]
 
     def _last_steps_s(self, graphdef: bool) -> float:
@@ -454,7 +471,9 @@ class Planner:
         self._record_search(outcomes, searched)
         reserve_s = self._last_steps_s(graph_def is not None)
         sfb_share_s = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
-        pipelined = self._best_pipeline(reserve_s + sfb_share_s)
+        fitting = [o.step_time_s for o in searched if not o.oom]
+        fitting += [b.step_time_s for b in self.baselines.values() if not b.oom]
+        pipelined = self._best_pipeline(reserve_s + sfb_share_s, min(fitting, default=None))
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
         if pipelined is not None:
