@@ -7,13 +7,19 @@ from the moment the plan is asked for: p50 and max of the plan time, the stop re
 the iterations. Then each budget case (a large model on a large allocation with a small
 budget) reports its plan time as a share of its budget: a budget holds when the plan
 returns within 10% of it.
+
+``--json`` writes the rows for a later run to print beside its own (``--before``): the
+figures of other code, measured in the same session on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from bench.report import write_section
 from tagplan.planner.budget import Deadline
@@ -49,35 +55,56 @@ def main() -> None:
     parser.add_argument("--clusters", nargs="*", default=CLUSTERS)
     parser.add_argument("--budget-s", type=float, default=PlanOptions().budget_s)
     parser.add_argument("--skip-budget-cases", action="store_true")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--before", type=Path, help="rows of other code, printed beside")
+    parser.add_argument("--before-label", default="before")
     args = parser.parse_args()
 
+    before = {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
+    label = args.before_label
     lines = [
         "| model | cluster | plan time (s) | stop reason | iterations | step (ms) "
-        "| margin over best data-parallel |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: |",
+        "| margin over best data-parallel "
+        + (f"| {label}: plan time (s) | {label}: step (ms) |" if before else "|"),
+        "| --- | --- | ---: | --- | ---: | ---: | ---: " + ("| ---: | ---: |" if before else "|"),
     ]
-    walls: list[float] = []
+    rows: list[dict] = []
     for model in args.models:
         for cluster in args.clusters:
             wall, result = _plan(model, cluster, args.budget_s)
-            walls.append(wall)
+            case = f"{model} {cluster}"
+            rows.append({"case": case, "s": wall, "step_ms": result.step_time_s * 1e3})
             margin = result.speedup_vs_best_data_parallel
             lines.append(
                 f"| {model} | {cluster} | {wall:.1f} | {result.stop_reason} | "
                 f"{result.iterations} | {result.step_time_s * 1e3:,.1f} | "
                 + (f"{margin:.2f}x |" if margin else "n/a |")
             )
+            old = before.get(case)
+            if old:
+                lines[-1] += f" {old['s']:.1f} | {old['step_ms']:,.1f} |"
             print(lines[-1], flush=True)
+    walls = [r["s"] for r in rows]
     summary = (
         f"Plan time over {len(walls)} plans: p50 {statistics.median(walls):.1f} s, "
         f"max {max(walls):.1f} s (budget {args.budget_s:.0f} s)."
     )
+    if before:
+        old_walls = [before[r["case"]]["s"] for r in rows if r["case"] in before]
+        summary += (
+            f" {label}: p50 {statistics.median(old_walls):.1f} s, max {max(old_walls):.1f} s."
+        )
     cases = [
         "| model | cluster | budget (s) | plan time (s) | share of budget | phases not done |",
         "| --- | --- | ---: | ---: | ---: | --- |",
     ]
+    if before:
+        cases[0] += f" {label}: plan time (s) |"
+        cases[1] += " ---: |"
     for model, cluster, budget_s in [] if args.skip_budget_cases else BUDGET_CASES:
         wall, result = _plan(model, cluster, budget_s)
+        case = f"{model} {cluster} budget {budget_s:g}"
+        rows.append({"case": case, "s": wall, "step_ms": result.step_time_s * 1e3})
         late = ", ".join(
             f"{name} {p['status']}" for name, p in result.phases.items() if p["status"] != "done"
         )
@@ -85,11 +112,23 @@ def main() -> None:
             f"| {model} | {cluster} | {budget_s:.0f} | {wall:.1f} | {wall / budget_s:.2f} "
             f"| {late or 'none'} |"
         )
+        old = before.get(case)
+        if old:
+            cases[-1] += f" {old['s']:.1f} |"
         print(cases[-1], flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+        return
     body = "\n".join(
         [
             "Each plan is timed from the request, before the graph is read, to the result "
-            "with its compiled GraphDef, as a job's steps run it.",
+            "with its compiled GraphDef, as a job's steps run it."
+            + (
+                f" *{label}*: the same script on that code, run just before on the same "
+                "machine (`--json`), read back with `--before`."
+                if before
+                else ""
+            ),
             "",
             *lines,
             "",
@@ -98,7 +137,8 @@ def main() -> None:
             *(cases if len(cases) > 2 else []),
         ]
     )
-    write_section("plan-latency", "Plan latency", "python -m bench.plan_latency", body)
+    command = " ".join(["python -m bench.plan_latency", *sys.argv[1:]])
+    write_section("plan-latency", "Plan latency", command, body)
 
 
 if __name__ == "__main__":

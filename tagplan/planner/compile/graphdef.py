@@ -265,6 +265,8 @@ class _Emitter:
     # the next suffix to try for a wanted name: many nodes want the same one (a restore
     # per replica), and counting from 1 each time would make naming quadratic
     _next_suffix: dict[str, int] = field(default_factory=dict)
+    # the fields every node of one op and attrs (or one constant) shares, serialized once
+    _templates: dict[tuple, NodeTemplate] = field(default_factory=dict)
 
     def name(self, wanted: str) -> str:
         name, k = wanted, self._next_suffix.get(wanted, 1)
@@ -290,33 +292,63 @@ class _Emitter:
             if source is not None:
                 self.readers.setdefault(source, []).append(name)
 
-    def node(self, name: str, op: str, device: str, inputs: list[str], **attrs: Any) -> Any:
-        node = NodeDef(name=name, op=op, device=device)
-        node.input.extend(inputs)
-        for key, value in attrs.items():
-            if isinstance(value, bool):
-                node.attr[key].b = value
-            elif key in ("T", "dtype", "Index", "Tidx"):
-                node.attr[key].type = value
-            elif isinstance(value, int):
-                node.attr[key].i = value
-            elif isinstance(value, float):
-                node.attr[key].f = value
-            else:
-                node.attr[key].s = value.encode()
-        self.add(name, node, inputs)
-        return node
+    def node(
+        self,
+        name: str,
+        op: str,
+        device: str,
+        inputs: list[str],
+        shapes: list[tuple[int, ...] | None] | None = None,
+        **attrs: Any,
+    ) -> None:
+        """Add node ``name`` running ``op`` with ``attrs`` and the ``_output_shapes`` of
+        ``shapes`` (left out where one is unknown), from a template per op and attrs."""
+        key = (op, *((attr, type(value), value) for attr, value in sorted(attrs.items())))
+        template = self._templates.get(key)
+        if template is None:
+            prototype = NodeDef(op=op)
+            for attr, value in attrs.items():
+                if isinstance(value, bool):
+                    prototype.attr[attr].b = value
+                elif attr in ("T", "dtype", "Index", "Tidx"):
+                    prototype.attr[attr].type = value
+                elif isinstance(value, int):
+                    prototype.attr[attr].i = value
+                elif isinstance(value, float):
+                    prototype.attr[attr].f = value
+                else:
+                    prototype.attr[attr].s = value.encode()
+            template = self._templates[key] = NodeTemplate(prototype)
+        self._emit(name, template, inputs, device, shapes)
 
     def const(self, wanted: str, device: str, values: np.ndarray, dtype: int) -> str:
         name = self.name(wanted)
-        node = self.node(name, "Const", device, [], dtype=dtype)
-        tensor = node.attr["value"].tensor
-        tensor.dtype = dtype
-        for size in values.shape:
-            tensor.tensor_shape.dim.add().size = size
-        tensor.tensor_content = np.ascontiguousarray(values, dtype=_NUMPY[dtype]).tobytes()
-        _set_shapes(node, [values.shape])
+        content = np.ascontiguousarray(values, dtype=_NUMPY[dtype]).tobytes()
+        key = ("Const", dtype, values.shape, content)
+        template = self._templates.get(key)
+        if template is None:
+            prototype = NodeDef(op="Const")
+            prototype.attr["dtype"].type = dtype
+            tensor = prototype.attr["value"].tensor
+            tensor.dtype = dtype
+            for size in values.shape:
+                tensor.tensor_shape.dim.add().size = size
+            tensor.tensor_content = content
+            template = self._templates[key] = NodeTemplate(prototype)
+        self._emit(name, template, [], device, [values.shape])
         return name
+
+    def _emit(
+        self,
+        name: str,
+        template: NodeTemplate,
+        inputs: list[str],
+        device: str,
+        shapes: list[tuple[int, ...] | None] | None,
+    ) -> None:
+        known = _known_shapes(shapes or [])
+        entry = b"" if known is None else shapes_entry(known)
+        self.add(name, template.instance(name, inputs, device, entry), inputs)
 
 
 def _known_shapes(shapes: list[tuple[int, ...] | None]) -> tuple[tuple[int, ...], ...] | None:
@@ -468,16 +500,16 @@ class _GraphDefCompilation:
         label = self._label(tensor) + ("" if whole else f"/rows_{lo}_{hi}")
         axis = self.out.const(f"{label}/concat/axis_d{device}", where, axis_value, _DT_INT32)
         name = self.out.name(f"{label}/concat_d{device}")
-        node = self.out.node(
+        self.out.node(
             name,
             "ConcatV2",
             where,
             [p.ref for p in local] + [axis],
+            [self._shape(tensor, lo, hi)],
             N=len(local),
             T=self._dtype(tensor),
             Tidx=_DT_INT32,
         )
-        _set_shapes(node, [self._shape(tensor, lo, hi)])
         self.auxiliary.append(("concat", (name,)))
         return self._keep(tensor, _Copy(device, lo, hi, _FULL if whole else _SLICE, name))
 
@@ -491,8 +523,9 @@ class _GraphDefCompilation:
         label = f"{self._label(tensor)}/mean_{copy.lo}_{copy.hi}"
         weight = self.out.const(f"{label}/share_d{device}", where, share, dtype)
         name = self.out.name(f"{label}/weighted_d{device}")
-        node = self.out.node(name, "Mul", where, [copy.ref, weight], T=dtype)
-        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
+        self.out.node(
+            name, "Mul", where, [copy.ref, weight], [self.ir.tensor_shapes[tensor]], T=dtype
+        )
         return name
 
     def _addn(self, tensor: int, refs: list[str], device: int) -> str:
@@ -504,10 +537,15 @@ class _GraphDefCompilation:
                 running = self._addn(tensor, [running, ref], device)
             return running
         name = self.out.name(f"{self._label(tensor)}/addn_d{device}")
-        node = self.out.node(
-            name, "AddN", self.devices[device], refs, N=len(refs), T=self._dtype(tensor)
+        self.out.node(
+            name,
+            "AddN",
+            self.devices[device],
+            refs,
+            [self.ir.tensor_shapes[tensor]],
+            N=len(refs),
+            T=self._dtype(tensor),
         )
-        _set_shapes(node, [self.ir.tensor_shapes[tensor]])
         self.auxiliary.append(("addn", (name,)))
         return name
 
@@ -560,17 +598,17 @@ class _GraphDefCompilation:
             shared = self.out.name(label)
             for member, ref in zip(members.tolist(), inputs, strict=True):
                 name = self.out.name(f"{label}_d{member}")
-                node = self.out.node(
+                self.out.node(
                     name,
                     "NcclAllReduce",
                     self.devices[member],
                     [ref],
+                    [shape],
                     T=dtype,
                     reduction="sum",
                     num_devices=len(members),
                     shared_name=shared,
                 )
-                _set_shapes(node, [shape])
                 names.append(name)
         else:
             key = tuple(members.tolist())
@@ -587,11 +625,12 @@ class _GraphDefCompilation:
                     )
                 ]
                 name = self.out.name(f"{label}_d{member}")
-                node = self.out.node(
+                self.out.node(
                     name,
                     "CollectiveReduceV2",
                     where,
                     [ref, *keys],
+                    [shape],
                     T=dtype,
                     merge_op="Add",
                     final_op="Id",
@@ -601,7 +640,6 @@ class _GraphDefCompilation:
                     Nordering_token=0,
                     max_subdivs_per_device=-1,
                 )
-                _set_shapes(node, [shape])
                 names.append(name)
         self.auxiliary.append(("allreduce", tuple(names)))
         if tensor in self.gradients:
@@ -656,10 +694,15 @@ class _GraphDefCompilation:
             self.out.const(f"{label}/size_d{device}", where, size, _DT_INT32),
         )
         name = self.out.name(f"{label}_d{device}")
-        node = self.out.node(
-            name, "Slice", where, [source.ref, *consts], T=self._dtype(tensor), Index=_DT_INT32
+        self.out.node(
+            name,
+            "Slice",
+            where,
+            [source.ref, *consts],
+            [local],
+            T=self._dtype(tensor),
+            Index=_DT_INT32,
         )
-        _set_shapes(node, [local])
         self.auxiliary.append(("split", (name,)))
         self.slices[name] = (lo, hi, consts)
         self.out.watch(name)
@@ -769,12 +812,17 @@ class _GraphDefCompilation:
             full_ref = self.out.const(f"{label}/full_d{device}", where, whole, dtype)
             local_ref = self.out.const(f"{label}/local_d{device}", where, local, dtype)
             equal = self.out.name(f"{label}/is_full_d{device}")
-            node = self.out.node(equal, "Equal", where, [ref, full_ref], T=dtype)
-            node.attr["incompatible_shape_error"].b = True
-            _set_shapes(node, [local.shape])
+            self.out.node(
+                equal,
+                "Equal",
+                where,
+                [ref, full_ref],
+                [local.shape],
+                T=dtype,
+                incompatible_shape_error=True,
+            )
             name = self.out.name(f"{label}_d{device}")
-            node = self.out.node(name, "SelectV2", where, [equal, local_ref, ref], T=dtype)
-            _set_shapes(node, [local.shape])
+            self.out.node(name, "SelectV2", where, [equal, local_ref, ref], [local.shape], T=dtype)
         self.local_consts[key] = name
         return name
 
@@ -1000,7 +1048,7 @@ class _GraphDefCompilation:
         added, state = state_ops(
             self.source, self.out.nodes, variables, set(ir.op_names), self.out.name
         )
-        self.out.nodes.update((node.name, node) for node in added)
+        self.out.nodes.update(added)
         rest = GraphDef()
         rest.versions.CopyFrom(self.source.versions)
         rest.library.CopyFrom(self.source.library)

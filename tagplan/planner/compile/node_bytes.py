@@ -28,7 +28,6 @@ _NAME, _OP, _INPUT, _DEVICE = (bytes((number << 3 | 2,)) for number in (1, 2, 3,
 _ATTR_KEY = 5 << 3 | 2
 _GRAPH_NODE = _NAME
 _SHAPES_KEY = "_output_shapes"
-_DROPPED = frozenset({"_class", _SHAPES_KEY})  # colocation hints go; shapes are per instance
 
 
 def _varint(value: int) -> bytes:
@@ -88,12 +87,14 @@ def shapes_entry(shapes: tuple[tuple[int, ...], ...]) -> bytes:
 
 
 class NodeTemplate:
-    """An original node's fields that its instances keep, serialized once.
+    """An original node's fields that its instances keep (all but name, inputs, device,
+    ``_class`` and ``_output_shapes``), serialized once; ``shapes`` is the original's own
+    ``_output_shapes`` entry (``b""`` without one), for copies that keep it.
 
     Where the ``_output_shapes`` entry goes among the ``attr`` entries is protobuf's own
     choice (its key order is not plain string order: ``Tlabels`` precedes ``T``), so the
-    template serializes the kept fields with an empty ``_output_shapes`` entry and cuts the
-    bytes around it."""
+    template serializes the kept fields with that entry (an empty one where the original
+    has none) and cuts the bytes around it."""
 
     def __init__(self, original: Any) -> None:
         self.op = _field(_OP, original.op.encode())
@@ -101,10 +102,11 @@ class NodeTemplate:
         probe.CopyFrom(original)
         for name in ("name", "op", "input", "device"):
             probe.ClearField(name)
-        for key in _DROPPED:
-            if key in probe.attr:
-                del probe.attr[key]
-        probe.attr[_SHAPES_KEY].CopyFrom(AttrValue())
+        if "_class" in probe.attr:
+            del probe.attr["_class"]
+        own_shapes = _SHAPES_KEY in probe.attr
+        if not own_shapes:
+            probe.attr[_SHAPES_KEY].CopyFrom(AttrValue())
         data = probe.SerializeToString(deterministic=True)
         position, shapes_at = 0, None
         while position < len(data) and data[position] == _ATTR_KEY:
@@ -115,6 +117,7 @@ class NodeTemplate:
         if shapes_at is None:
             raise AssertionError("protobuf dropped the _output_shapes entry")
         self.attrs_before = data[: shapes_at[0]]
+        self.shapes = data[shapes_at[0] : shapes_at[1]] if own_shapes else b""
         self.attrs_after = data[shapes_at[1] : position]
         self.tail = data[position:]  # fields numbered after attr
 

@@ -24,6 +24,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tagplan.planner.compile.node_bytes import NodeTemplate
 from tagplan.planner.graph.protos import NodeDef
 
 __all__ = ["graph_digest", "state_ops", "task_cpu"]
@@ -59,8 +60,9 @@ class _StateBuilder:
     ) -> None:
         self.originals = {node.name: node for node in source.node}
         self.nodes, self.variables, self.name = nodes, variables, name
-        self.added: list[Any] = []
+        self.added: list[tuple[str, Any]] = []  # (name, NodeDef or its serialization)
         self.copied: dict[str, str] = {}  # original initializer node -> its copy
+        self.templates: dict[tuple, NodeTemplate] = {}  # the per-replica assignments'
 
     def node(self, wanted: str, op: str, device: str, inputs: list[str], **types: Any) -> Any:
         node = NodeDef(name=self.name(wanted), op=op, device=device)
@@ -70,8 +72,20 @@ class _StateBuilder:
                 node.attr[key].list.type.extend(value)
             else:
                 node.attr[key].type = value
-        self.added.append(node)
+        self.added.append((node.name, node))
         return node
+
+    def replica_node(
+        self, key: tuple, prototype: Callable[[], Any], wanted: str, device: str, inputs: list[str]
+    ) -> str:
+        """A node per replica, all alike but for name, device and inputs, from the template
+        of ``prototype()`` (built once per ``key``); it keeps the prototype's shapes."""
+        template = self.templates.get(key)
+        if template is None:
+            template = self.templates[key] = NodeTemplate(prototype())
+        name = self.name(wanted)
+        self.added.append((name, template.instance(name, inputs, device, template.shapes)))
+        return name
 
     def strings(self, wanted: str, device: str, values: list[str], vector: bool = True) -> str:
         node = self.node(wanted, "Const", device, [], dtype=_DT_STRING)
@@ -131,7 +145,7 @@ class _StateBuilder:
                 del node.attr["_class"]
             del node.input[:]
             node.input.extend(self.copy(r, device) for r in original.input)
-            self.added.append(node)
+            self.added.append((target, node))
         return f"^{target}" if control else target + suffix
 
     def init(self, step: set[str]) -> tuple[str, list[str]]:
@@ -144,16 +158,15 @@ class _StateBuilder:
             value = self.copy(assign.input[1], where)
             controls = [self.copy(r, where) for r in assign.input[2:]]
             for replica in replicas:
-                node = NodeDef()
-                node.CopyFrom(assign)
-                node.name = self.name(f"{replica}/Assign")
-                node.device = self.nodes[replica].device
-                if "_class" in node.attr:
-                    del node.attr["_class"]
-                del node.input[:]
-                node.input.extend([replica, value, *controls])
-                self.added.append(node)
-                assigns.append(node.name)
+                assigns.append(
+                    self.replica_node(
+                        ("init", assign.name),
+                        lambda assign=assign: assign,
+                        f"{replica}/Assign",
+                        self.nodes[replica].device,
+                        [replica, value, *controls],
+                    )
+                )
         init = self.node("init", "NoOp", _CHIEF_CPU, [])
         init.input.extend(f"^{a}" for a in assigns)
         return init.name, sorted(set(self.variables) - set(initializers))
@@ -207,19 +220,31 @@ class _StateBuilder:
         assigns = []
         for slot, variable in enumerate(names):
             value = f"{restore.name}:{slot}" if slot else restore.name
+            resource, dtype = self.is_resource(variable), self.dtype(variable)
+            op = "AssignVariableOp" if resource else "Assign"
             for replica in self.variables[variable]:
-                where = self.nodes[replica].device
-                if self.is_resource(variable):
-                    node = self.node("save/AssignVariableOp", "AssignVariableOp", where, [])
-                    node.attr["dtype"].type = self.dtype(variable)
-                else:
-                    node = self.node("save/Assign", "Assign", where, [])
-                    node.attr["T"].type = self.dtype(variable)
-                    node.attr["validate_shape"].b = True
-                    node.attr["use_locking"].b = True
-                node.input.extend([replica, value])
-                assigns.append(f"^{node.name}")
+                name = self.replica_node(
+                    ("restore", resource, dtype),
+                    lambda resource=resource, dtype=dtype: _restore_assign(resource, dtype),
+                    f"save/{op}",
+                    self.nodes[replica].device,
+                    [replica, value],
+                )
+                assigns.append(f"^{name}")
         return assigns
+
+
+def _restore_assign(resource: bool, dtype: int) -> Any:
+    """The assignment of a restored value to a replica: of a resource or a ref variable."""
+    if resource:
+        node = NodeDef(op="AssignVariableOp")
+        node.attr["dtype"].type = dtype
+    else:
+        node = NodeDef(op="Assign")
+        node.attr["T"].type = dtype
+        node.attr["validate_shape"].b = True
+        node.attr["use_locking"].b = True
+    return node
 
 
 def state_ops(
@@ -228,12 +253,14 @@ def state_ops(
     variables: Mapping[str, list[str]],
     step: set[str],
     name: Callable[[str], str],
-) -> tuple[list[Any], dict[str, Any]]:
+) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """The init, save and restore ops of a compiled graph and their device-map entries.
 
     ``source`` is the original graph, ``nodes`` the compiled graph's nodes by name,
     ``variables`` each original variable's replica nodes, ``step`` the original nodes
     of the training step (never initializers) and ``name`` hands out unused node names.
+    The ops come as ``(name, node)`` pairs, a node a ``NodeDef`` or its deterministic
+    serialization (:mod:`.node_bytes`).
     """
     builder = _StateBuilder(source, nodes, variables, name)
     init, uninitialized = builder.init(step)

@@ -61,6 +61,23 @@ def test_every_instance_is_the_message_built_one_byte_for_byte(model: str) -> No
             ), original.name
 
 
+@pytest.mark.parametrize("model", ["mlp", "mlp_tf2", "tiny_lstm"])
+def test_a_copy_can_keep_the_originals_shapes(model: str) -> None:
+    graph_def = load_graph_source(f"zoo:{model}").graph_def
+    assert any("_output_shapes" in n.attr for n in graph_def.node)
+    for original in graph_def.node:
+        template = NodeTemplate(original)
+        expected = NodeDef()
+        expected.CopyFrom(original)
+        expected.name, expected.device = "copy", DEVICE
+        del expected.input[:]
+        expected.input.extend(["a", "b:1"])
+        if "_class" in expected.attr:
+            del expected.attr["_class"]
+        data = template.instance("copy", ["a", "b:1"], DEVICE, template.shapes)
+        assert data == expected.SerializeToString(deterministic=True), original.name
+
+
 def test_a_store_parses_a_node_when_read_and_keeps_what_changed() -> None:
     original = NodeDef(name="a", op="Identity", device=DEVICE)
     original.attr["T"].type = 1
