@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.report import write_section
 from tagplan.planner.budget import Deadline
+from tagplan.planner.evaluate import warm_up
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.plan import PlanOptions, plan
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="rows of other code, printed beside")
     parser.add_argument("--before-label", default="before")
     args = parser.parse_args()
+    warm_up()  # a worker compiles the simulator's kernels before its first job
 
     before = {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
     label = args.before_label

@@ -52,7 +52,9 @@ should the loss op itself be split) and ``train_op``, a ``NoOp`` behind every up
 the ``init`` op, the Saver-compatible checkpoint ops (:mod:`.state`) and the SHA-256 of
 the graph (``graph_sha256``), which a runner checks ``distributed.pb`` against.
 The IR must be at the batch size the graph was built for: constants that depend on the
-batch (the divisor of a mean loss) are not rewritten.
+batch (the divisor of a mean loss) are not rewritten. Nodes are emitted as their
+deterministic serialization from templates serialized once per op (:mod:`.node_bytes`);
+the graph comes back as those bytes, ``graph_def`` parsing them when read.
 
 Why one module: the GraphDef back end applies the same rewrite rules as the task graph,
 over one emitter's state (node names, copies, collective keys); split, the state would
