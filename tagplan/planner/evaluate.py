@@ -98,7 +98,7 @@ class Evaluator:
         local = np.maximum(placement.inst_hi - placement.inst_lo, 1)
         device_type = self.cluster.device_type[placement.inst_device]
         seconds = np.zeros(len(op_of))
-        for gpu_type, rows in {(int(t), int(r)) for t, r in zip(device_type, local, strict=True)}:
+        for gpu_type, rows in np.unique(np.stack([device_type, local]), axis=1).T.tolist():
             chosen = (device_type == gpu_type) & (local == rows)
             seconds[chosen] = self.costs.op_times(gpu_type, rows).seconds[op_of[chosen]]
         busy = np.bincount(

@@ -62,7 +62,6 @@ class _StateBuilder:
         self.nodes, self.variables, self.name = nodes, variables, name
         self.added: list[tuple[str, Any]] = []  # (name, NodeDef or its serialization)
         self.copied: dict[str, str] = {}  # original initializer node -> its copy
-        self.templates: dict[tuple, NodeTemplate] = {}  # the per-replica assignments'
 
     def node(self, wanted: str, op: str, device: str, inputs: list[str], **types: Any) -> Any:
         node = NodeDef(name=self.name(wanted), op=op, device=device)
@@ -76,13 +75,10 @@ class _StateBuilder:
         return node
 
     def replica_node(
-        self, key: tuple, prototype: Callable[[], Any], wanted: str, device: str, inputs: list[str]
+        self, template: NodeTemplate, wanted: str, device: str, inputs: list[str]
     ) -> str:
-        """A node per replica, all alike but for name, device and inputs, from the template
-        of ``prototype()`` (built once per ``key``); it keeps the prototype's shapes."""
-        template = self.templates.get(key)
-        if template is None:
-            template = self.templates[key] = NodeTemplate(prototype())
+        """One of the nodes a variable gets per replica, alike but for name, device and
+        inputs: ``template``'s node, its shapes kept."""
         name = self.name(wanted)
         self.added.append((name, template.instance(name, inputs, device, template.shapes)))
         return name
@@ -157,16 +153,16 @@ class _StateBuilder:
             where = task_cpu(self.nodes[replicas[0]].device)
             value = self.copy(assign.input[1], where)
             controls = [self.copy(r, where) for r in assign.input[2:]]
-            for replica in replicas:
-                assigns.append(
-                    self.replica_node(
-                        ("init", assign.name),
-                        lambda assign=assign: assign,
-                        f"{replica}/Assign",
-                        self.nodes[replica].device,
-                        [replica, value, *controls],
-                    )
+            template = NodeTemplate(assign)
+            assigns += [
+                self.replica_node(
+                    template,
+                    f"{replica}/Assign",
+                    self.nodes[replica].device,
+                    [replica, value, *controls],
                 )
+                for replica in replicas
+            ]
         init = self.node("init", "NoOp", _CHIEF_CPU, [])
         init.input.extend(f"^{a}" for a in assigns)
         return init.name, sorted(set(self.variables) - set(initializers))
@@ -220,17 +216,12 @@ class _StateBuilder:
         assigns = []
         for slot, variable in enumerate(names):
             value = f"{restore.name}:{slot}" if slot else restore.name
-            resource, dtype = self.is_resource(variable), self.dtype(variable)
-            op = "AssignVariableOp" if resource else "Assign"
-            for replica in self.variables[variable]:
-                name = self.replica_node(
-                    ("restore", resource, dtype),
-                    lambda resource=resource, dtype=dtype: _restore_assign(resource, dtype),
-                    f"save/{op}",
-                    self.nodes[replica].device,
-                    [replica, value],
-                )
-                assigns.append(f"^{name}")
+            assign = _restore_assign(self.is_resource(variable), self.dtype(variable))
+            template, wanted = NodeTemplate(assign), f"save/{assign.op}"
+            assigns += [
+                "^" + self.replica_node(template, wanted, self.nodes[r].device, [r, value])
+                for r in self.variables[variable]
+            ]
         return assigns
 
 
