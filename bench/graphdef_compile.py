@@ -14,9 +14,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from bench.report import write_section
+from bench.report import add_comparison_arguments, rows_before, write_section
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
@@ -58,12 +57,10 @@ def main() -> None:
     parser.add_argument("--clusters", nargs="*", default=CLUSTERS)
     parser.add_argument("--strategies", nargs="*", default=STRATEGIES)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--before", type=Path, help="rows of other code, printed beside")
-    parser.add_argument("--before-label", default="before")
+    add_comparison_arguments(parser)
     args = parser.parse_args()
 
-    before = {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
+    before = rows_before(args)
     rows = []
     label = args.before_label
     lines = [

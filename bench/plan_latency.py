@@ -19,9 +19,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from bench.report import write_section
+from bench.report import add_comparison_arguments, rows_before, write_section
 from tagplan.planner.budget import Deadline
 from tagplan.planner.evaluate import warm_up
 from tagplan.planner.graph.analyzer import analyze
@@ -56,13 +55,11 @@ def main() -> None:
     parser.add_argument("--clusters", nargs="*", default=CLUSTERS)
     parser.add_argument("--budget-s", type=float, default=PlanOptions().budget_s)
     parser.add_argument("--skip-budget-cases", action="store_true")
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--before", type=Path, help="rows of other code, printed beside")
-    parser.add_argument("--before-label", default="before")
+    add_comparison_arguments(parser)
     args = parser.parse_args()
     warm_up()  # a worker compiles the simulator's kernels before its first job
 
-    before = {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
+    before = rows_before(args)
     label = args.before_label
     lines = [
         "| model | cluster | plan time (s) | stop reason | iterations | step (ms) "

@@ -1,7 +1,9 @@
-"""Rewrite one marked section of BENCHMARKS.md, keeping the others."""
+"""Rewrite one marked section of BENCHMARKS.md, keeping the others; compare two codes' rows."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import statistics
@@ -28,6 +30,19 @@ def machine() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json`` (write this run's rows, for a later run of other code) and ``--before``
+    (rows another code wrote, printed beside this run's, headed ``--before-label``)."""
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--before", type=Path, help="rows of other code, printed beside")
+    parser.add_argument("--before-label", default="before")
+
+
+def rows_before(args: argparse.Namespace) -> dict[str, dict]:
+    """The rows ``--before`` names, by their ``case``; empty without it."""
+    return {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
 
 
 def median(values: list[float]) -> float:

@@ -64,7 +64,7 @@ travel through every call.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -267,8 +267,8 @@ class _Emitter:
     # the next suffix to try for a wanted name: many nodes want the same one (a restore
     # per replica), and counting from 1 each time would make naming quadratic
     _next_suffix: dict[str, int] = field(default_factory=dict)
-    # the fields every node of one op and attrs (or one constant) shares, serialized once
-    _templates: dict[tuple, NodeTemplate] = field(default_factory=dict)
+    # the fields the nodes of one op and attrs (one constant, one original op) share
+    _templates: dict[Any, NodeTemplate] = field(default_factory=dict)
 
     def name(self, wanted: str) -> str:
         name, k = wanted, self._next_suffix.get(wanted, 1)
@@ -306,41 +306,25 @@ class _Emitter:
         """Add node ``name`` running ``op`` with ``attrs`` and the ``_output_shapes`` of
         ``shapes`` (left out where one is unknown), from a template per op and attrs."""
         key = (op, *((attr, type(value), value) for attr, value in sorted(attrs.items())))
-        template = self._templates.get(key)
-        if template is None:
-            prototype = NodeDef(op=op)
-            for attr, value in attrs.items():
-                if isinstance(value, bool):
-                    prototype.attr[attr].b = value
-                elif attr in ("T", "dtype", "Index", "Tidx"):
-                    prototype.attr[attr].type = value
-                elif isinstance(value, int):
-                    prototype.attr[attr].i = value
-                elif isinstance(value, float):
-                    prototype.attr[attr].f = value
-                else:
-                    prototype.attr[attr].s = value.encode()
-            template = self._templates[key] = NodeTemplate(prototype)
-        self._emit(name, template, inputs, device, shapes)
+        template = self.template(key, lambda: _prototype(op, attrs))
+        self.emit(name, template, inputs, device, shapes)
 
     def const(self, wanted: str, device: str, values: np.ndarray, dtype: int) -> str:
         name = self.name(wanted)
         content = np.ascontiguousarray(values, dtype=_NUMPY[dtype]).tobytes()
         key = ("Const", dtype, values.shape, content)
-        template = self._templates.get(key)
-        if template is None:
-            prototype = NodeDef(op="Const")
-            prototype.attr["dtype"].type = dtype
-            tensor = prototype.attr["value"].tensor
-            tensor.dtype = dtype
-            for size in values.shape:
-                tensor.tensor_shape.dim.add().size = size
-            tensor.tensor_content = content
-            template = self._templates[key] = NodeTemplate(prototype)
-        self._emit(name, template, [], device, [values.shape])
+        template = self.template(key, lambda: _const(values.shape, content, dtype))
+        self.emit(name, template, [], device, [values.shape])
         return name
 
-    def _emit(
+    def template(self, key: Any, prototype: Callable[[], Any]) -> NodeTemplate:
+        """The template of the nodes ``key`` names, built from ``prototype()`` once."""
+        found = self._templates.get(key)
+        if found is None:
+            found = self._templates[key] = NodeTemplate(prototype())
+        return found
+
+    def emit(
         self,
         name: str,
         template: NodeTemplate,
@@ -348,9 +332,39 @@ class _Emitter:
         device: str,
         shapes: list[tuple[int, ...] | None] | None,
     ) -> None:
+        """Add ``template``'s node as ``name`` with its own inputs, device and shapes."""
         known = _known_shapes(shapes or [])
         entry = b"" if known is None else shapes_entry(known)
         self.add(name, template.instance(name, inputs, device, entry), inputs)
+
+
+def _prototype(op: str, attrs: Mapping[str, Any]) -> Any:
+    """A node of ``op`` with ``attrs`` (types by name; bools, ints, floats, strings)."""
+    node = NodeDef(op=op)
+    for attr, value in attrs.items():
+        if isinstance(value, bool):
+            node.attr[attr].b = value
+        elif attr in ("T", "dtype", "Index", "Tidx"):
+            node.attr[attr].type = value
+        elif isinstance(value, int):
+            node.attr[attr].i = value
+        elif isinstance(value, float):
+            node.attr[attr].f = value
+        else:
+            node.attr[attr].s = value.encode()
+    return node
+
+
+def _const(shape: tuple[int, ...], content: bytes, dtype: int) -> Any:
+    """A ``Const`` of ``dtype`` holding ``content`` (its values' bytes) in ``shape``."""
+    node = NodeDef(op="Const")
+    node.attr["dtype"].type = dtype
+    tensor = node.attr["value"].tensor
+    tensor.dtype = dtype
+    for size in shape:
+        tensor.tensor_shape.dim.add().size = size
+    tensor.tensor_content = content
+    return node
 
 
 def _known_shapes(shapes: list[tuple[int, ...] | None]) -> tuple[tuple[int, ...], ...] | None:
@@ -415,7 +429,6 @@ class _GraphDefCompilation:
         self.aggregation = ir.tensor_aggregation.tolist()
         self.has_control = (np.diff(ir.control_ptr) > 0).tolist()
         self.shape_argument = [_SHAPE_ARGUMENTS.get(kind, -1) for kind in ir.op_types]
-        self.templates: dict[int, NodeTemplate] = {}
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
         # per-replica values (_MEAN, _LOCAL) and partial sums by (tensor, device)
@@ -423,7 +436,7 @@ class _GraphDefCompilation:
         self.partials: dict[tuple[int, int, int, int], _Copy] = {}
         self.control_inputs: dict[int, list[str]] = {}  # op -> the ^inputs its instances get
         # per op, what every instance needs: input and output tensors, instance count
-        self.op_inputs = [ir.inputs(op).tolist() for op in range(ir.num_ops)]
+        self.op_inputs = ir.input_lists
         self.op_outputs = [list(ir.outputs(op)) for op in range(ir.num_ops)]
         self.op_count = np.diff(self.placement.inst_ptr).tolist()
         self.adds_partials_list = self.adds_partials.tolist()
@@ -781,8 +794,10 @@ class _GraphDefCompilation:
         return None
 
     def _local_shape(self, op: int, position: int, ref: str, inst: int) -> str:
-        """The shape argument of a split instance, at the instance's rows: a new ``Const``
-        when it is built from constants and equals the op's full output shape; when it is
+        """The shape argument of a split instance (input ``position``, as
+        :data:`_SHAPE_ARGUMENTS` names it for the op's type), at the instance's rows: a
+        new ``Const`` when it is built from constants and equals the op's full output
+        shape; when it is
         computed, ``SelectV2(Equal(shape, full), local, shape)`` (entries such as ``-1``
         that are not the full shape's pass unchanged). A per-replica shape (``Shape`` of
         the replica's own input) is local already."""
@@ -898,12 +913,8 @@ class _GraphDefCompilation:
             _set_shapes(node, shapes)
             self.out.add(name, node, inputs)
         else:  # the original's other fields, serialized once per op
-            template = self.templates.get(op)
-            if template is None:
-                template = self.templates[op] = NodeTemplate(original)
-            known = _known_shapes(shapes)
-            entry = b"" if known is None else shapes_entry(known)
-            self.out.add(name, template.instance(name, inputs, self.devices[device], entry), inputs)
+            template = self.out.template(op, lambda: original)
+            self.out.emit(name, template, inputs, self.devices[device], shapes)
         self._publish(op, inst, name)
 
     def _barrier(self, name: str, waits_for: set[str], releases: list[str]) -> None:

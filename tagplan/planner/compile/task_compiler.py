@@ -111,12 +111,6 @@ class CompiledTasks:
     task_copies: np.ndarray | None = None  # by class: the per-GPU tasks each task stands for
 
 
-def _csr_lists(ptr: np.ndarray, index: np.ndarray) -> list[list[int]]:
-    """Rows of a CSR adjacency as Python lists."""
-    bounds, flat = ptr.tolist(), index.tolist()
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
-
-
 def _split_kinds(ir: GraphIR) -> list[int]:
     """Kind of each tensor's copies made by split replicas: partial (sum, mean, the
     replica's own value) by its aggregation, else a slice when it carries the batch."""
@@ -162,7 +156,7 @@ class TaskCompiler:
     ) -> None:
         self.ir, self.cluster, self.costs = ir, cluster, costs
         self.comm = comm or CommModel(cluster)
-        self.op_inputs = _csr_lists(ir.op_input_ptr, ir.op_input_tensor)
+        self.op_inputs = ir.input_lists
         bounds = ir.op_output_ptr.tolist()
         self.op_outputs = [range(bounds[i], bounds[i + 1]) for i in range(ir.num_ops)]
         self.tensor_bytes = ir.tensor_bytes.tolist()

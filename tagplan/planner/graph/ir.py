@@ -147,6 +147,13 @@ class GraphIR:
         ``tensor_producer[op_input_tensor]`` the graph's data edges as arrays."""
         return np.repeat(np.arange(self.num_ops), np.diff(self.op_input_ptr))
 
+    @cached_property
+    def input_lists(self) -> list[list[int]]:
+        """Each op's input tensors as Python lists, for walks that visit ops one by one
+        (``inputs(op)`` slices a numpy array per call)."""
+        bounds, flat = self.op_input_ptr.tolist(), self.op_input_tensor.tolist()
+        return [flat[bounds[i] : bounds[i + 1]] for i in range(self.num_ops)]
+
     def control_preds(self, op: int) -> np.ndarray:
         return self.control_pred[self.control_ptr[op] : self.control_ptr[op + 1]]
 

@@ -184,14 +184,14 @@ def _settle_backward(ir: GraphIR, stage: np.ndarray, forward: np.ndarray) -> Non
     movable = ~forward & ~holds[atoms] & ~reads_value & ~makes_value
     nbytes = ir.tensor_bytes.tolist()
     producer = ir.tensor_producer.tolist()
-    bounds, flat = ir.op_input_ptr.tolist(), ir.op_input_tensor.tolist()
+    op_inputs = ir.input_lists
     out_bounds = ir.op_output_ptr.tolist()
     consumers = [ir.consumers(t).tolist() for t in range(ir.num_tensors)]
     for _ in range(_SETTLE_SWEEPS):
         moved = 0
         for op in np.flatnonzero(movable).tolist():
             cost: dict[int, float] = {}
-            inputs = flat[bounds[op] : bounds[op + 1]]
+            inputs = op_inputs[op]
             for tensor in inputs:
                 where = int(stage[producer[tensor]])
                 cost[where] = cost.get(where, 0.0) + nbytes[tensor]

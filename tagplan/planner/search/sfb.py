@@ -158,8 +158,7 @@ class _Modes:
         self.producer = ir.tensor_producer.tolist()
         partial = np.isin(ir.tensor_aggregation, (Aggregation.SUM, Aggregation.MEAN))
         self.partial = partial.tolist()
-        bounds, flat = ir.op_input_ptr.tolist(), ir.op_input_tensor.tolist()
-        self.inputs = [flat[bounds[i] : bounds[i + 1]] for i in range(ir.num_ops)]
+        self.inputs = ir.input_lists
 
 
 _SPLIT, _DUPLICATE = int(Mode.SPLIT), int(Mode.DUPLICATE)
