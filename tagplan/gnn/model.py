@@ -5,7 +5,9 @@ graph, and a decoder that scores each candidate action of the op group being dec
 * ``layers`` rounds of message passing, each a :class:`~torch_geometric.nn.HeteroConv`
   with one multi-head GATv2 convolution per edge type (its own weights: TAG's per-edge-
   type γ) that reads the edge's features; messages of the edge types arriving at a node
-  are summed, added to the node's state (a residual) and layer-normalized.
+  are summed, added to the node's state (a residual) and layer-normalized. The round is
+  computed over all edge types at once (:mod:`.hetero_attention`: the same function with
+  the same parameters, a fraction of the per-expansion time).
 * The decoder reads, for each action, its own features, the mean and the max of the
   embeddings of the device groups it uses, the embedding of the op group being decided
   and the mean op-group embedding of its graph, and gives one logit; a softmax over the
@@ -32,11 +34,12 @@ from tagplan.gnn.features import (
     OP_FEATURES,
     StateGraph,
 )
+from tagplan.gnn.hetero_attention import edge_layout, hetero_gatv2
 
 __all__ = ["DEFAULT_HYPER", "PriorNet", "to_hetero_data"]
 
 DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3, "ablation": "none"}
-_MESSAGE_EDGES = [e for e in EDGE_FEATURES if e[2] != "act"]
+_MESSAGE_EDGES = tuple(e for e in EDGE_FEATURES if e[2] != "act")
 
 
 def to_hetero_data(graph: StateGraph, target: np.ndarray | None = None) -> HeteroData:
@@ -76,6 +79,9 @@ class PriorNet(nn.Module):
         if ablation not in ABLATIONS:
             raise ValueError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
         self.hyper = {"hidden": hidden, "heads": heads, "layers": layers, "ablation": ablation}
+        # message passing by :mod:`.hetero_attention`; False runs the HeteroConv modules
+        # themselves (the reference the tests and bench/gnn_latency.py compare with)
+        self.fused = True
         self.embed = nn.ModuleDict(
             {
                 "op": nn.Linear(len(OP_FEATURES), hidden),
@@ -109,8 +115,12 @@ class PriorNet(nn.Module):
         h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
         edge_index = {e: data[e].edge_index for e in _MESSAGE_EDGES}
         edge_attr = {e: data[e].edge_attr for e in _MESSAGE_EDGES}
+        layout = edge_layout(_MESSAGE_EDGES, edge_index, {t: len(h[t]) for t in h})
         for conv, norm in zip(self.convs, self.norms, strict=True):
-            out = conv(h, edge_index, edge_attr_dict=edge_attr)
+            if self.fused:
+                out = hetero_gatv2(conv, h, layout, edge_attr)
+            else:
+                out = conv(h, edge_index, edge_attr_dict=edge_attr)
             h = {t: norm[t](h[t] + torch.relu(out[t])) for t in h}
         op_batch, act_batch = _batch_of(data, "op"), _batch_of(data, "act")
         graphs = int(act_batch.max()) + 1 if act_batch.numel() else 1
@@ -119,15 +129,16 @@ class PriorNet(nn.Module):
         mean_op = scatter(h["op"], op_batch, dim=0, dim_size=graphs, reduce="mean")
         member, action = data["dev", "in", "act"].edge_index
         actions = data["act"].num_nodes
-        used_mean = scatter(h["dev"][member], action, dim=0, dim_size=actions, reduce="mean")
-        used_max = scatter(h["dev"][member], action, dim=0, dim_size=actions, reduce="max")
+        used = h["dev"].index_select(0, member)
+        used_mean = scatter(used, action, dim=0, dim_size=actions, reduce="mean")
+        used_max = scatter(used, action, dim=0, dim_size=actions, reduce="max")
         features = torch.cat(
             [
                 torch.relu(self.act_embed(data["act"].x)),
                 used_mean,
                 used_max,
-                current_op[act_batch],
-                mean_op[act_batch],
+                current_op.index_select(0, act_batch),
+                mean_op.index_select(0, act_batch),
             ],
             dim=1,
         )

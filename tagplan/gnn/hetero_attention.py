@@ -1,0 +1,120 @@
+"""One round of heterogeneous GATv2 message passing over every edge type at once.
+
+:class:`~torch_geometric.nn.HeteroConv` with one :class:`~torch_geometric.nn.GATv2Conv` per
+edge type runs each convolution on its own: five edge types and three layers are fifteen
+passes through PyG's message-passing machinery per expansion, whose Python overhead, not
+the arithmetic, made the prior cost about 10 ms on 60 op groups x 32 device groups
+(several thousand edges). :func:`hetero_gatv2` computes the same function with the same
+parameters (the convolutions' own ``lin_l``, ``lin_r``, ``lin_edge``, ``att`` and ``bias``,
+so checkpoints are unchanged): each edge type's node and edge projections, then the
+attention logits, the softmax and the messages of all edge types as one list of edges.
+
+Why it equals ``HeteroConv(..., aggr="sum")`` over ``GATv2Conv(add_self_loops=False,
+concat=True, dropout=0, share_weights=False)`` (Brody et al., GATv2: for an edge ``j -> i``
+of type ``r``, ``e = a_r . LeakyReLU(W_l x_j + W_r x_i + W_e f_ji)``, a softmax over the
+edges of type ``r`` into ``i``, ``out_r(i) = sum_j alpha_ji W_l x_j + b_r``, and HeteroConv
+sums ``out_r`` over the types into ``i``'s node type): the softmax groups are keyed by (edge
+type, destination), so each type's attention is normalized over its own edges alone;
+messages are then summed into the destination node, which adds the types' sums; every
+type's bias is added to every node of its destination type, edges or not, as each
+convolution adds it to its whole output. Only the order of floating-point additions
+differs (tests compare with PyG's modules to 1e-5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn import HeteroConv
+from torch_geometric.utils import softmax
+
+__all__ = ["EdgeLayout", "edge_layout", "hetero_gatv2"]
+
+EdgeType = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class EdgeLayout:
+    """The edges of every message type as one list, shared by all layers of a pass.
+
+    Edges are in ``types`` order, ``counts`` of each; ``group``: each edge's softmax group,
+    one per (type, destination); ``target``: its destination's row in the node types'
+    stacked rows (``node_offset``)."""
+
+    types: tuple[EdgeType, ...]
+    index: dict[EdgeType, Tensor]
+    group: Tensor
+    num_groups: int
+    target: Tensor
+    node_offset: dict[str, int]
+    num_nodes: int
+    counts: tuple[int, ...]  # edges of each type
+
+
+def edge_layout(
+    types: tuple[EdgeType, ...], edge_index: dict[EdgeType, Tensor], num_nodes: dict[str, int]
+) -> EdgeLayout:
+    """The combined edge list of ``types`` for nodes counted by ``num_nodes``."""
+    node_offset, start = {}, 0
+    for node_type, count in num_nodes.items():
+        node_offset[node_type], start = start, start + count
+    groups, targets, num_groups = [], [], 0
+    for edge_type in types:
+        dst = edge_index[edge_type][1]
+        groups.append(dst + num_groups)
+        targets.append(dst + node_offset[edge_type[2]])
+        num_groups += num_nodes[edge_type[2]]
+    return EdgeLayout(
+        types=types,
+        index=edge_index,
+        group=torch.cat(groups),
+        num_groups=num_groups,
+        target=torch.cat(targets),
+        node_offset=node_offset,
+        num_nodes=start,
+        counts=tuple(edge_index[edge_type].shape[1] for edge_type in types),
+    )
+
+
+def _per_head(att: Tensor) -> Tensor:
+    """The (heads x channels) attention vectors as the block-diagonal (heads * channels x
+    heads) matrix whose product with an edge's hidden vector gives each head's dot
+    product: one matrix product instead of a broadcast product and a sum."""
+    heads, channels = att.shape
+    eye = torch.eye(heads, dtype=att.dtype)
+    return (att.unsqueeze(2) * eye.unsqueeze(1)).reshape(heads * channels, heads)
+
+
+def hetero_gatv2(
+    conv: HeteroConv, x: dict[str, Tensor], layout: EdgeLayout, edge_attr: dict[EdgeType, Tensor]
+) -> dict[str, Tensor]:
+    """``conv(x, edge_index, edge_attr_dict=edge_attr)`` for the edge types of ``layout``,
+    computed as one edge list (module docstring)."""
+    sources, logits, bias = [], [], dict.fromkeys(x, 0.0)
+    for edge_type in layout.types:
+        module = conv.convs[edge_type]
+        src, dst = layout.index[edge_type]
+        x_src = module.lin_l(x[edge_type[0]]).index_select(0, src)
+        # in place where autograd allows it: each (edges x width) buffer costs a pass
+        # over memory, which is most of the time on the large edge types
+        hidden = module.lin_edge(edge_attr[edge_type])
+        hidden += x_src
+        hidden += module.lin_r(x[edge_type[2]]).index_select(0, dst)
+        F.leaky_relu_(hidden, module.negative_slope)
+        logits.append(hidden @ _per_head(module.att[0]))
+        sources.append(x_src.view(len(src), module.heads, module.out_channels))
+        bias[edge_type[2]] = bias[edge_type[2]] + module.bias
+    alpha = softmax(torch.cat(logits), layout.group, num_nodes=layout.num_groups)
+    width = sources[0].shape[1] * sources[0].shape[2]
+    summed = torch.zeros(layout.num_nodes, width, dtype=alpha.dtype)
+    for x_src, part, target in zip(
+        sources, alpha.split(layout.counts), layout.target.split(layout.counts), strict=True
+    ):
+        summed = summed.index_add(0, target, (x_src * part.unsqueeze(-1)).view(-1, width))
+    return {
+        node_type: summed[offset : offset + x[node_type].shape[0]] + bias[node_type]
+        for node_type, offset in layout.node_offset.items()
+    }
