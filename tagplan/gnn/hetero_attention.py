@@ -8,6 +8,11 @@ the arithmetic, made the prior cost about 10 ms on 60 op groups x 32 device grou
 parameters (the convolutions' own ``lin_l``, ``lin_r``, ``lin_edge``, ``att`` and ``bias``,
 so checkpoints are unchanged): each edge type's node and edge projections, then the
 attention logits, the softmax and the messages of all edge types as one list of edges.
+An edge type with an edge from every source to every destination (every op group to
+every device group, in one state's graph) is computed densely instead: the logits as a
+(destination x source) array, a softmax along its rows, the messages as one product per
+head, with no per-edge gathers or message buffers (the largest edge types, and most of
+the time otherwise).
 
 Why it equals ``HeteroConv(..., aggr="sum")`` over ``GATv2Conv(add_self_loops=False,
 concat=True, dropout=0, share_weights=False)`` (Brody et al., GATv2: for an edge ``j -> i``
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import HeteroConv
+from torch_geometric.nn import GATv2Conv, HeteroConv
 from torch_geometric.utils import softmax
 
 __all__ = ["EdgeLayout", "edge_layout", "hetero_gatv2"]
@@ -42,7 +47,8 @@ class EdgeLayout:
 
     Edges are in ``types`` order, ``counts`` of each; ``group``: each edge's softmax group,
     one per (type, destination); ``target``: its destination's row in the node types'
-    stacked rows (``node_offset``)."""
+    stacked rows (``node_offset``). ``types`` leaves out the ``grids``: types with one
+    edge per (source, destination) pair in row-major order, computed densely."""
 
     types: tuple[EdgeType, ...]
     index: dict[EdgeType, Tensor]
@@ -52,6 +58,7 @@ class EdgeLayout:
     node_offset: dict[str, int]
     num_nodes: int
     counts: tuple[int, ...]  # edges of each type
+    grids: dict[EdgeType, bool]  # types of every (source, destination) pair: source-major?
 
 
 def edge_layout(
@@ -61,22 +68,47 @@ def edge_layout(
     node_offset, start = {}, 0
     for node_type, count in num_nodes.items():
         node_offset[node_type], start = start, start + count
-    groups, targets, num_groups = [], [], 0
+    grids = {}
     for edge_type in types:
+        major = _grid_order(edge_index[edge_type], num_nodes[edge_type[0]], num_nodes[edge_type[2]])
+        if major is not None:
+            grids[edge_type] = major
+    sparse = tuple(edge_type for edge_type in types if edge_type not in grids)
+    groups, targets, num_groups = [], [], 0
+    for edge_type in sparse:
         dst = edge_index[edge_type][1]
         groups.append(dst + num_groups)
         targets.append(dst + node_offset[edge_type[2]])
         num_groups += num_nodes[edge_type[2]]
+    empty = torch.zeros(0, dtype=torch.long)
     return EdgeLayout(
-        types=types,
+        types=sparse,
         index=edge_index,
-        group=torch.cat(groups),
+        group=torch.cat(groups) if groups else empty,
         num_groups=num_groups,
-        target=torch.cat(targets),
+        target=torch.cat(targets) if targets else empty,
         node_offset=node_offset,
         num_nodes=start,
-        counts=tuple(edge_index[edge_type].shape[1] for edge_type in types),
+        counts=tuple(edge_index[edge_type].shape[1] for edge_type in sparse),
+        grids=grids,
     )
+
+
+def _grid_order(index: Tensor, sources: int, destinations: int) -> bool | None:
+    """Whether ``index`` has one edge per (source, destination) pair in source-major
+    order (True) or destination-major order (False); None when it is no such grid (a
+    batch of graphs never is: its pairs across graphs have no edge)."""
+    if index.shape[1] != sources * destinations or index.shape[1] == 0:
+        return None
+    outer_src = torch.arange(sources).repeat_interleave(destinations)
+    inner_dst = torch.arange(destinations).repeat(sources)
+    if torch.equal(index[0], outer_src) and torch.equal(index[1], inner_dst):
+        return True
+    outer_dst = torch.arange(destinations).repeat_interleave(sources)
+    inner_src = torch.arange(sources).repeat(destinations)
+    if torch.equal(index[0], inner_src) and torch.equal(index[1], outer_dst):
+        return False
+    return None
 
 
 def _per_head(att: Tensor) -> Tensor:
@@ -93,7 +125,8 @@ def hetero_gatv2(
 ) -> dict[str, Tensor]:
     """``conv(x, edge_index, edge_attr_dict=edge_attr)`` for the edge types of ``layout``,
     computed as one edge list (module docstring)."""
-    sources, logits, bias = [], [], dict.fromkeys(x, 0.0)
+    sources, logits = [], []
+    bias = dict.fromkeys(x, 0.0)
     for edge_type in layout.types:
         module = conv.convs[edge_type]
         src, dst = layout.index[edge_type]
@@ -107,14 +140,46 @@ def hetero_gatv2(
         logits.append(hidden @ _per_head(module.att[0]))
         sources.append(x_src.view(len(src), module.heads, module.out_channels))
         bias[edge_type[2]] = bias[edge_type[2]] + module.bias
-    alpha = softmax(torch.cat(logits), layout.group, num_nodes=layout.num_groups)
-    width = sources[0].shape[1] * sources[0].shape[2]
-    summed = torch.zeros(layout.num_nodes, width, dtype=alpha.dtype)
-    for x_src, part, target in zip(
-        sources, alpha.split(layout.counts), layout.target.split(layout.counts), strict=True
-    ):
-        summed = summed.index_add(0, target, (x_src * part.unsqueeze(-1)).view(-1, width))
-    return {
+    first = next(iter(conv.convs.values()))
+    width = first.heads * first.out_channels
+    summed = torch.zeros(layout.num_nodes, width)
+    if logits:
+        alpha = softmax(torch.cat(logits), layout.group, num_nodes=layout.num_groups)
+        for x_src, part, target in zip(
+            sources, alpha.split(layout.counts), layout.target.split(layout.counts), strict=True
+        ):
+            summed = summed.index_add(0, target, (x_src * part.unsqueeze(-1)).view(-1, width))
+    out = {
         node_type: summed[offset : offset + x[node_type].shape[0]] + bias[node_type]
         for node_type, offset in layout.node_offset.items()
     }
+    for edge_type, source_major in layout.grids.items():
+        out[edge_type[2]] = out[edge_type[2]] + _dense_gatv2(
+            conv.convs[edge_type],
+            x[edge_type[0]],
+            x[edge_type[2]],
+            edge_attr[edge_type],
+            source_major,
+        )
+    return out
+
+
+def _dense_gatv2(
+    module: GATv2Conv, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, source_major: bool
+) -> Tensor:
+    """One GATv2 convolution over an edge type with an edge from every source to every
+    destination (:func:`_grid_order`): the sums and the softmax over a (destination x
+    source) array, with no per-edge gathers, and the messages as one product per head."""
+    heads, channels = module.heads, module.out_channels
+    left = module.lin_l(x_src)
+    hidden = module.lin_edge(edge_attr)
+    if source_major:
+        hidden = hidden.view(len(x_src), len(x_dst), -1).transpose(0, 1)
+    else:
+        hidden = hidden.view(len(x_dst), len(x_src), -1)
+    hidden += left.unsqueeze(0)
+    hidden += module.lin_r(x_dst).unsqueeze(1)
+    F.leaky_relu_(hidden, module.negative_slope)
+    alpha = torch.softmax(hidden @ _per_head(module.att[0]), dim=1)  # destination, source, head
+    messages = torch.einsum("dsh,shc->dhc", alpha, left.view(len(x_src), heads, channels))
+    return messages.reshape(len(x_dst), heads * channels) + module.bias

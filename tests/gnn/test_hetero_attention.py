@@ -45,11 +45,28 @@ def test_equals_pyg_heteroconv_on_states_and_batches(searched, ablation: str) ->
             assert torch.allclose(fused[node_type], expected[node_type], atol=1e-5)
 
 
-def test_gradients_equal_pyg_heteroconv(searched) -> None:
+def test_every_group_device_pair_is_a_grid_in_one_state_and_none_in_a_batch(searched) -> None:
+    graphs = _states(searched, "none")
+    for data in graphs:
+        counts = {t: data[t].num_nodes for t in ("op", "dev")}
+        layout = edge_layout(
+            _MESSAGE_EDGES, {e: data[e].edge_index for e in _MESSAGE_EDGES}, counts
+        )
+        assert layout.grids == {("op", "on", "dev"): True, ("dev", "hosts", "op"): False}
+        assert set(layout.types) == set(_MESSAGE_EDGES) - set(layout.grids)
+    batch = Batch.from_data_list(graphs)
+    counts = {t: batch[t].num_nodes for t in ("op", "dev")}
+    layout = edge_layout(_MESSAGE_EDGES, {e: batch[e].edge_index for e in _MESSAGE_EDGES}, counts)
+    assert layout.grids == {} and layout.types == _MESSAGE_EDGES
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_gradients_equal_pyg_heteroconv(searched, batched: bool) -> None:
     torch.manual_seed(5)
     net = PriorNet(hidden=16, heads=2, layers=1)
     conv = net.convs[0]
-    data = Batch.from_data_list(_states(searched, "none"))
+    states = _states(searched, "none")
+    data = Batch.from_data_list(states) if batched else states[-1]
     weights = torch.randn(sum(data[t].num_nodes for t in ("op", "dev")), 16)
 
     def gradients(run) -> list[torch.Tensor]:
