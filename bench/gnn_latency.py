@@ -92,8 +92,9 @@ def main() -> None:
             f"vertices a {args.iterations}-iteration search expanded, {args.repeats} rounds "
             "alternating the two paths. *HeteroConv*: PyG's HeteroConv of one GATv2Conv per "
             "edge type, the network as written; *fused*: the same layers computed over all "
-            "edge types as one edge list (`tagplan/gnn/hetero_attention.py`), what a search "
-            "runs. Same weights; the priors agree to the last column.",
+            "edge types as one edge list, the op-group x device-group types as dense grids "
+            "(`tagplan/gnn/hetero_attention.py`), what a search runs. Same weights; the "
+            "priors agree to the last column.",
             "",
             *lines,
         ]
