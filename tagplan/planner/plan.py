@@ -287,7 +287,8 @@ class Planner:
 
     def _score_baselines(self) -> None:
         """DP-NCCL, then the other baselines while the baselines' share of the budget
-        lasts (m-SCT's LP stops at it)."""
+        lasts (m-SCT's LP stops at it) and no later than the steps every plan runs must
+        start (:meth:`_unskippable_s`)."""
         self._enter("baselines")
         ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
         scores: dict[str, BaselineScore] = {}
@@ -325,6 +326,8 @@ class Planner:
                 self.evaluation_s = seconds
                 symmetry = evaluation.compiled.symmetry
                 self.per_gpu_factor = 1.0 if symmetry is None else symmetry.gpus_per_class
+                # the other baselines end where the steps every plan runs must start
+                ends_at = min(ends_at, self.deadline.at_s - self._unskippable_s())
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
                 self.evaluation_s = min(self.evaluation_s, seconds)
             result = evaluation.result
@@ -374,13 +377,15 @@ class Planner:
         ruled out without a simulation."""
         if not self.options.pipeline:
             return None
-        costs = self.evaluator.costs
-        candidates = pipeline_candidates(self.ir, self.cluster, costs)
-        candidates.sort(key=lambda c: c.pipeline.micro_batches if c.pipeline else 0)
         share_s = min(self.options.budget_s * _PIPELINE_SHARE, self.deadline.left_s() - reserve_s)
-        ends_at = time.time() + share_s
         # an evaluation grows with the micro-batches: seconds per micro-batch, measured
         per_micro_batch_s = self.evaluation_s * self.per_gpu_factor
+        if share_s < per_micro_batch_s:  # cutting stages takes seconds on large graphs
+            self._note_search("pipelined candidates not cut: no time left in the budget")
+            return None
+        candidates = pipeline_candidates(self.ir, self.cluster, self.evaluator.costs)
+        candidates.sort(key=lambda c: c.pipeline.micro_batches if c.pipeline else 0)
+        ends_at = time.time() + share_s
         best: tuple[float, Strategy] | None = None
         bar_s = math.inf if incumbent_s is None else incumbent_s  # what a candidate must beat
         tried = ruled_out = refused = 0
@@ -414,9 +419,22 @@ class Planner:
                 )
                 if n
             )
-            report = self.phases.reports.setdefault("search", PhaseReport())
-            report.note = "; ".join(n for n in (report.note, note) if n)
+            self._note_search(note)
         return None if best is None else best[1]
+
+    def _note_search(self, note: str) -> None:
+        report = self.phases.reports.setdefault("search", PhaseReport())
+        report.note = "; ".join(n for n in (report.note, note) if n)
+
+    def _graphdef_s(self, graphdef: bool) -> float:
+        """The distributed GraphDef's compile, when there is one: it grows with the GPUs
+        as a per-GPU simulation does."""
+        return _GRAPHDEF_EVALUATIONS * self.per_gpu_factor * self.evaluation_s if graphdef else 0.0
+
+    def _unskippable_s(self) -> float:
+        """What a plan runs however late it is: the finish's simulations of its
+        contenders and the distributed GraphDef (the per-GPU timeline can be left out)."""
+        return _FINISH_EVALUATIONS * self.evaluation_s + self._graphdef_s(self.graphdef)
 
     def _last_steps_s(self, graphdef: bool) -> float:
         """The simulations after the search and what :meth:`_per_gpu_steps_s` counts."""
@@ -425,8 +443,7 @@ class Planner:
     def _per_gpu_steps_s(self, graphdef: bool) -> float:
         """The plan's own simulation per GPU (for its timeline) and the distributed
         GraphDef, whose compile grows with the GPUs as that simulation does."""
-        evaluations = 1 + (_GRAPHDEF_EVALUATIONS if graphdef else 0)
-        return evaluations * self.per_gpu_factor * self.evaluation_s
+        return self.per_gpu_factor * self.evaluation_s + self._graphdef_s(graphdef)
 
     def search_budget_s(self, shards: int = 1) -> float:
         """Seconds each of ``shards`` trees run one after another in this process: what the

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tagplan.planner import plan as plan_module
 from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.plan import Planner, PlanOptions, plan
@@ -51,6 +52,38 @@ def test_a_plan_started_past_its_deadline_skips_all_it_may_and_still_answers() -
     }
     assert result.plan_time_s >= 60.0  # counted from the deadline's start
     assert "search: skipped" in result.report_markdown()
+
+
+@pytest.mark.parametrize("graphdef", [False, True])
+def test_the_baselines_give_way_to_the_steps_every_plan_runs(monkeypatch, graphdef) -> None:
+    """Past DP-NCCL, a baseline starts only if the finish's simulations and the
+    distributed GraphDef (estimated from the reference's evaluation) still fit after it:
+    a GraphDef reserve larger than the budget leaves the reference alone, and without a
+    GraphDef the same budget scores the others."""
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
+    planner = Planner(
+        zoo_ir("mlp"),
+        load_cluster("testbed"),
+        options=PlanOptions(budget_s=120.0, pipeline=False),
+        graphdef=graphdef,
+    )
+    if graphdef:
+        assert list(planner.baselines) == ["dp-nccl"]
+        assert planner.phases.reports["baselines"].status == "truncated"
+    else:
+        assert len(planner.baselines) > 1
+        assert planner.phases.reports["baselines"].status == "done"
+
+
+def test_pipelined_candidates_are_not_cut_without_time_to_simulate_one() -> None:
+    """Cutting a large graph into stages takes seconds: with no time left for a
+    simulation the planner does not cut, and says so."""
+    ir, cluster = zoo_ir("small_cnn"), load_cluster("testbed")
+    planner = Planner(ir, cluster, options=PlanOptions(budget_s=600.0, sfb=False))
+    assert planner._best_pipeline(reserve_s=600.0, incumbent_s=None) is None
+    note = planner.phases.reports["search"].note
+    assert note == "pipelined candidates not cut: no time left in the budget"
+    assert planner._best_pipeline(reserve_s=0.0, incumbent_s=None) is not None
 
 
 def test_the_search_stops_once_it_has_converged() -> None:
