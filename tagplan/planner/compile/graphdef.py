@@ -133,6 +133,15 @@ _SHAPE_ARGUMENTS = {
     "ScatterNd": 2,
     "Slice": 2,
 }
+# op type -> input position of a scalar that counts the rows of the op's output (its length
+# along the batch axis 0): a segment count, a range's limit
+_ROW_ARGUMENTS = {
+    "Range": 1,
+    "UnsortedSegmentSum": 2,
+    "UnsortedSegmentMax": 2,
+    "UnsortedSegmentMin": 2,
+    "UnsortedSegmentProd": 2,
+}
 
 
 # ops that take a resource as a variable handle: a resource placeholder they read is one
@@ -428,7 +437,9 @@ class _GraphDefCompilation:
         self.batch_axis = ir.tensor_batch_axis.tolist()
         self.aggregation = ir.tensor_aggregation.tolist()
         self.has_control = (np.diff(ir.control_ptr) > 0).tolist()
-        self.shape_argument = [_SHAPE_ARGUMENTS.get(kind, -1) for kind in ir.op_types]
+        self.shape_argument = [
+            _SHAPE_ARGUMENTS.get(kind, _ROW_ARGUMENTS.get(kind, -1)) for kind in ir.op_types
+        ]
         self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
         self.cache: dict[tuple[int, int, int, int], _Copy] = {}
         # per-replica values (_MEAN, _LOCAL) and partial sums by (tensor, device)
@@ -442,7 +453,7 @@ class _GraphDefCompilation:
         self.adds_partials_list = self.adds_partials.tolist()
         self.auxiliary: list[tuple[str, tuple[str, ...]]] = []
         self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
-        self.local_consts: dict[tuple[int, int, int, int], str] = {}
+        self.local_consts: dict[tuple[int, int, int, int, bool], str] = {}
         self.gradients = set(ir.parameters.gradient_tensor.tolist())
         self.collectives: list[_GradientReduction] = []
         self.group_keys: dict[tuple[int, ...], int] = {}
@@ -797,10 +808,11 @@ class _GraphDefCompilation:
         """The shape argument of a split instance (input ``position``, as
         :data:`_SHAPE_ARGUMENTS` names it for the op's type), at the instance's rows: a
         new ``Const`` when it is built from constants and equals the op's full output
-        shape; when it is
-        computed, ``SelectV2(Equal(shape, full), local, shape)`` (entries such as ``-1``
-        that are not the full shape's pass unchanged). A per-replica shape (``Shape`` of
-        the replica's own input) is local already."""
+        shape; when it is computed, ``SelectV2(Equal(shape, full), local, shape)``
+        (entries such as ``-1`` that are not the full shape's pass unchanged). A
+        per-replica shape (``Shape`` of the replica's own input) is local already. A row
+        count (:data:`_ROW_ARGUMENTS`) is the same for the output's length along the batch
+        axis 0: a replica's segment sum or range covers its own rows."""
         ir, placement = self.ir, self.placement
         output = ir.outputs(op)
         if not len(output):
@@ -812,20 +824,24 @@ class _GraphDefCompilation:
             return ref
         if ir.tensor_aggregation[tensor] == Aggregation.LOCAL:
             return ref
-        static = self._static_ints(tensor)
-        if static is not None and static != list(full):
+        rows = ir.op_types[op] in _ROW_ARGUMENTS
+        if rows and (self.batch_axis[output[0]] != 0 or not full):
             return ref
         lo, hi = int(placement.inst_lo[inst]), int(placement.inst_hi[inst])
+        local = self._shape(int(output[0]), lo, hi)
+        whole = np.array(full[0] if rows else full, dtype=_NUMPY[dtype])
+        local = np.array(local[0] if rows else local, dtype=_NUMPY[dtype])
+        static = self._static_ints(tensor)
+        if static is not None and static != whole.reshape(-1).tolist():
+            return ref
         device = int(placement.inst_device[inst])
-        key = (tensor, device, lo, hi)
+        key = (tensor, device, lo, hi, rows)
         if key in self.local_consts:
             return self.local_consts[key]
         where, label = self.devices[device], f"{self._label(tensor)}/rows_{lo}_{hi}"
-        local = np.array(self._shape(int(output[0]), lo, hi), dtype=_NUMPY[dtype])
         if static is not None:
             name = self.out.const(f"{label}_d{device}", where, local, dtype)
         else:
-            whole = np.array(full, dtype=_NUMPY[dtype])
             full_ref = self.out.const(f"{label}/full_d{device}", where, whole, dtype)
             local_ref = self.out.const(f"{label}/local_d{device}", where, local, dtype)
             equal = self.out.name(f"{label}/is_full_d{device}")

@@ -12,6 +12,9 @@ Per op, from its group's decision and its split category (TAG §4.1.1):
   replica, adding up that replica's partials, when every partial it reads comes from
   replicas laid out exactly as its own (same GPUs, same rows); otherwise it is a
   non-batch op like any other and reads the summed partials;
+* a *split-concat* op without batch input makes batch rows from nothing (a range of the
+  examples' positions, :meth:`~tagplan.planner.graph.batch` ``counts_rows``): split, each
+  replica counts its own rows;
 * parameters follow their synchronization (TAG §4.2): with AllReduce the variable, its
   optimizer slots and its update are mirrored on every GPU of the group (identical
   initial values, identical updates); with a parameter server they live on the PS GPU.
@@ -214,6 +217,8 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     parameter_op = parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     adds_partials = sums_partials(ir).tolist()
+    # split-concat without a batch input: rows made from nothing (the examples' positions)
+    makes_rows = ((ir.split_category == SplitCategory.SPLIT_CONCAT) & ~has_batch_input(ir)).tolist()
     sfb_op = resolved.sfb_op.tolist()
     layouts = _group_layouts(resolved, batch)
     on_device: dict[int, tuple[int, np.ndarray]] = {}  # model-parallel placements
@@ -238,7 +243,7 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
             )
         ):
             mode, placed = layout.split
-        elif not batch_input[op] or sfb_op[op]:
+        elif (not batch_input[op] and not makes_rows[op]) or sfb_op[op]:
             mode, placed = layout.no_batch
         elif no_split[op]:  # stateful ops are here too
             mode, placed = layout.no_split

@@ -553,9 +553,23 @@ class _Propagator:
                     self.axis[index] = axis
                     self.aggregation[index] = Aggregation.CONCAT
 
+    def counts_rows(self, node: int) -> bool:
+        """A ``Range(0, n, 1)`` whose output carries the batch (a batch tensor reads it
+        row by row: the positions of the examples, as a gradient of a gather with
+        ``batch_dims`` offsets them): split, each replica counts its own rows, as it
+        would from its own input's shape."""
+        graph = self.graph
+        if graph.ops[node] != "Range" or self.axis[self.offset[node]] != 0:
+            return False
+        start, _, delta = graph.data_inputs[node]
+        return const_ints(graph, *start) == [0] and const_ints(graph, *delta) == [1]
+
     def categorize(self, stateful: list[bool], known_op: list[bool]) -> None:
         for node in range(self.graph.num_nodes):
             if not known_op[node] or stateful[node]:
+                continue
+            if self.counts_rows(node):
+                self.category[node] = SplitCategory.SPLIT_CONCAT
                 continue
             if self.first_batch_input(node) is None and not self.accumulates[node]:
                 continue

@@ -203,6 +203,73 @@ def test_gather_and_segment_sum_for_embeddings() -> None:
     assert p.category("dtable") == SUM
 
 
+def test_the_gradient_of_a_gather_with_batch_dims_keeps_the_batch() -> None:
+    """TensorFlow's gradient of ``gather(params, positions, batch_dims=1)`` (BERT's
+    masked-LM head): it moves the gathered axis with a permutation computed from ranges
+    and sizes, offsets each example's positions by its row (a range over the examples)
+    and sums the values into one segment per (example, position), then reshapes back. The
+    permutation is evaluated, the range counts each replica's own rows, and the segment
+    sum carries the batch (a leading block of rows), so all of it splits by examples."""
+    S, M, H = 5, 2, 4
+    i32 = {"type": "int32"}
+    p = Probe(
+        [
+            placeholder("params", [B, S, H]),
+            placeholder("positions", [B, M], dtype="int32"),
+            placeholder("grad", [B, M, H]),
+            const("zero", [0]),
+            const("one", [1]),
+            const("two", [2]),
+            const("three", [3]),
+            node("outer", "Range", ["zero", "one", "one"], [("int32", [1])], Tidx=i32),
+            node("moved_axis", "Pack", ["one"], [("int32", [1])], N=1, axis=0, T=i32),
+            node("inner", "Range", ["two", "three", "one"], [("int32", [1])], Tidx=i32),
+            node(
+                "perm",
+                "ConcatV2",
+                ["outer", "moved_axis", "inner", "zero"],
+                [("int32", [3])],
+                N=3,
+                T=i32,
+                Tidx=i32,
+            ),
+            op("moved", "Transpose", ["grad", "perm"], [B, M, H], Tperm=i32),
+            const("flat_shape", [B * M, H]),
+            op("values", "Reshape", ["moved", "flat_shape"], [B * M, H], Tshape=i32),
+            const("batch", [B]),
+            node("examples", "Range", ["zero", "batch", "one"], [("int32", [B])], Tidx=i32),
+            node("column", "ExpandDims", ["examples", "one"], [("int32", [B, 1])], T=i32, Tdim=i32),
+            const("length", [S]),
+            node("offsets", "Mul", ["column", "length"], [("int32", [B, 1])], T=i32),
+            node("ids", "AddV2", ["positions", "offsets"], [("int32", [B, M])], T=i32),
+            const("ids_shape", [B * M]),
+            node(
+                "flat_ids", "Reshape", ["ids", "ids_shape"], [("int32", [B * M])], T=i32, Tshape=i32
+            ),
+            const("segments", [B * S]),
+            node(
+                "summed",
+                "UnsortedSegmentSum",
+                ["values", "flat_ids", "segments"],
+                [("float32", [B * S, H])],
+                T=F32,
+                Tindices=i32,
+                Tnumsegments=i32,
+            ),
+            const("back", [B, S, H]),
+            op("dparams", "Reshape", ["summed", "back"], [B, S, H], Tshape=i32),
+            op("total", "AddV2", ["dparams", "params"], [B, S, H]),
+        ],
+        inputs=("params", "positions", "grad"),
+    )
+    assert (p.axis("moved"), p.category("moved")) == (0, CONCAT)
+    assert (p.axis("examples"), p.category("examples")) == (0, CONCAT)
+    assert p.category("outer") == NONE  # a range that is not the examples'
+    assert (p.axis("summed"), p.category("summed")) == (0, CONCAT)
+    assert p.aggregation("summed") == Aggregation.CONCAT
+    assert (p.axis("dparams"), p.category("dparams")) == (0, CONCAT)
+
+
 def test_concat_along_the_batch_is_not_splittable() -> None:
     p = Probe(
         [

@@ -67,11 +67,14 @@ def test_vgg19_verifies_under_data_and_model_parallelism_across_two_machines() -
         assert report.passed, f"{name}: {report.summary()}"
 
 
-def test_the_transformer_verifies_as_a_pipeline_under_both_schedules() -> None:
+@pytest.mark.parametrize("model", ["transformer", "bert_small"])
+def test_language_models_verify_as_a_pipeline_under_both_schedules(model: str) -> None:
     """The pipeline baseline over the two machines (two stages: two GPUs feeding one),
-    as GPipe with 2 micro-batches and as 1F1B with 4."""
+    as GPipe with 2 micro-batches and as 1F1B with 4. BERT's masked-LM head gathers with
+    ``batch_dims=1``: its gradient's segment sum runs per micro-batch, on segment ids and
+    a segment count each replica computes from its own rows."""
     cluster = load_cluster(THREE_GPUS)
-    ir = zoo_ir("transformer")
+    ir = zoo_ir(model)
     pipelined = pipeline_baseline(ir, cluster, OpCostModel(ir, cluster))
     assert pipelined.pipeline is not None and len(pipelined.pipeline.stages) == 2
     strategies = [
@@ -82,6 +85,6 @@ def test_the_transformer_verifies_as_a_pipeline_under_both_schedules() -> None:
         )
         for m, s in ((2, Schedule.GPIPE), (4, Schedule.ONE_F_ONE_B))
     ]
-    reports = verify_many_apart("zoo:transformer", cluster, strategies, batch_size=4)
+    reports = verify_many_apart(f"zoo:{model}", cluster, strategies, batch_size=4)
     for report in reports:
         assert report.passed, report.summary()
