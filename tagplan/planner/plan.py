@@ -324,8 +324,7 @@ class Planner:
             seconds = time.perf_counter() - started
             if name == REFERENCE:
                 self.evaluation_s = seconds
-                symmetry = evaluation.compiled.symmetry
-                self.per_gpu_factor = 1.0 if symmetry is None else symmetry.gpus_per_class
+                self.per_gpu_factor = evaluation.compiled.per_gpu_factor
                 # the other baselines end where the steps every plan runs must start
                 ends_at = min(ends_at, self.deadline.at_s - self._unskippable_s())
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded

@@ -1,5 +1,7 @@
 """The evaluator's compute bound: exactly the compute the task graph gives the busiest
-GPU, so never above the simulated step, for every strategy kind (pipelines included)."""
+GPU, so never above the simulated step, for every strategy kind (pipelines included);
+and a by-class evaluation's per-GPU factor, the size of the per-GPU task graph over its
+own."""
 
 from __future__ import annotations
 
@@ -12,14 +14,18 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.pipeline_stages import pipeline_candidates
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Pipeline
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import (
     LAYERS,
     STRATEGIES,
     committed,
+    layer_ops,
     strategy,
     two_by_two,
 )
+from tests.planner.compile.test_pipeline import _two_stages
+from tests.planner.zoo_graphs import zoo_ir
 
 
 def _instance_compute_s(evaluator: Evaluator, candidate) -> np.ndarray:
@@ -59,11 +65,41 @@ def test_the_bound_of_every_pipelined_candidate_on_a_real_cluster() -> None:
 
 
 def test_the_bound_refuses_a_pipeline_the_graph_cannot_run() -> None:
-    _, ir = committed("bert_small")
+    """A model-parallel layer outside the stages, between two of them, would join every
+    micro-batch: the bound refuses it for the evaluation's reason."""
+    _, ir = committed("mlp")
     cluster = two_by_two()
     evaluator = Evaluator(ir, cluster)
-    candidate = pipeline_candidates(ir, cluster, evaluator.costs)[0]
+    middle = GroupDecision(device_groups=[0], option=Option.MODEL_PARALLEL)
+    candidate = _two_stages(ir)
+    candidate = candidate.model_copy(
+        update={
+            "groups": [*candidate.groups, OpGroup(ops=layer_ops(ir, "dense_1"), decision=middle)],
+            "pipeline": Pipeline(stages=[[0], [2]], micro_batches=2),
+        }
+    )
     with pytest.raises(InvalidInput) as refused:
         evaluator.evaluate(candidate)
     with pytest.raises(InvalidInput, match=re.escape(str(refused.value))):
         evaluator.compute_bound_s(candidate)
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "batch"),
+    [("mlp", "testbed", None), ("small_cnn", "cloud", None), ("mlp", "testbed", 4)],
+)
+def test_the_per_gpu_factor_counts_the_tasks_a_per_gpu_compile_makes(model, cluster, batch) -> None:
+    """By class, each task stands for the per-GPU tasks of its class's members: their sum
+    is the per-GPU task graph's size, and GPUs without a replica (a batch of 4 on
+    ``testbed``) add none; a per-GPU compile's factor is 1."""
+    ir, topology = zoo_ir(model, batch), load_cluster(cluster)
+    evaluator = Evaluator(ir, topology)
+    for name in ("dp-nccl", "horovod"):
+        candidate = baseline_strategy(name, ir, topology, evaluator.costs)
+        by_class = evaluator.evaluate(candidate).compiled
+        per_gpu = evaluator.evaluate(candidate, by_class=False).compiled
+        assert by_class.symmetry is not None and per_gpu.per_gpu_factor == 1.0
+        by_class_tasks = len(by_class.task_graph.task_kind)
+        per_gpu_tasks = len(per_gpu.task_graph.task_kind)
+        assert by_class.per_gpu_factor * by_class_tasks == pytest.approx(per_gpu_tasks)
+        assert by_class.per_gpu_factor > 1.0

@@ -66,11 +66,6 @@ class Symmetry:
         wanted = np.isin(self.representative, np.asarray(devices, dtype=np.int32))
         return tuple(np.flatnonzero(wanted).tolist())
 
-    @property
-    def gpus_per_class(self) -> float:
-        """GPUs over classes: about what compiling per GPU costs over compiling by class."""
-        return len(self.representative) / len(np.unique(self.representative))
-
     def per_device(self, values: np.ndarray) -> np.ndarray:
         """A per-device array of the quotient simulation, each GPU taking its
         representative's value."""

@@ -110,6 +110,15 @@ class CompiledTasks:
     symmetry: Symmetry | None = None  # compiled by class: per-device results expand
     task_copies: np.ndarray | None = None  # by class: the per-GPU tasks each task stands for
 
+    @property
+    def per_gpu_factor(self) -> float:
+        """The tasks a per-GPU compile makes over the tasks this one made (1 compiled per
+        GPU): about what simulating, or emitting the GraphDef of, every GPU costs over
+        this evaluation. GPUs without a replica add nothing, as they add no work."""
+        if self.task_copies is None or not len(self.task_copies):
+            return 1.0
+        return float(self.task_copies.sum()) / len(self.task_copies)
+
 
 def _split_kinds(ir: GraphIR) -> list[int]:
     """Kind of each tensor's copies made by split replicas: partial (sum, mean, the
