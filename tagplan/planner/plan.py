@@ -116,9 +116,10 @@ _BASELINE_SHARE = 0.25
 _SFB_SHARE = 0.08
 # simulations after the search: the search's plan and the best baseline, SFB's checks
 _FINISH_EVALUATIONS = 4
-# the distributed GraphDef costs about this many per-GPU evaluations to compile (by class
-# x GPUs per class, measured on one machine: ResNet-101 on scale:64 3.4, BERT-Large and
-# the Transformer on cloud 3.0 and 3.4), with a margin
+# the distributed GraphDef costs about this many per-GPU evaluations to compile (a per-GPU
+# evaluation estimated as the by-class one times CompiledTasks.per_gpu_factor; measured
+# on one machine: ResNet-101 on scale:64 3.4, BERT-Large and the Transformer on cloud 3.0
+# and 3.4), with a margin
 _GRAPHDEF_EVALUATIONS = 4
 # baselines whose task graph is as large as the reference's: their evaluation times it
 _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
