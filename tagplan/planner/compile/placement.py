@@ -13,8 +13,8 @@ Per op, from its group's decision and its split category (TAG §4.1.1):
   replicas laid out exactly as its own (same GPUs, same rows); otherwise it is a
   non-batch op like any other and reads the summed partials;
 * a *split-concat* op without batch input makes batch rows from nothing (a range of the
-  examples' positions, :meth:`~tagplan.planner.graph.batch` ``counts_rows``): split, each
-  replica counts its own rows;
+  examples' positions, ``counts_rows`` in :mod:`tagplan.planner.graph.batch`): split,
+  each replica counts its own rows;
 * parameters follow their synchronization (TAG §4.2): with AllReduce the variable, its
   optimizer slots and its update are mirrored on every GPU of the group (identical
   initial values, identical updates); with a parameter server they live on the PS GPU.

@@ -17,12 +17,14 @@ __all__ = ["const_ints", "tensor_ints"]
 _INT_DTYPES = {3: np.int32, 9: np.int64, 4: np.uint8, 5: np.int16, 6: np.int8}
 _PASS_THROUGH = {"Identity", "Snapshot", "StopGradient"}
 _MAX_DEPTH = 8
+_MAX_VALUES = 4096  # small tensors only: a permutation, a shape, an axis list
 
 
 def _range(node: Any, operands: list[list[int]]) -> list[int] | None:
     if len(operands) != 3 or any(len(v) != 1 for v in operands) or operands[2][0] == 0:
         return None
-    return list(range(operands[0][0], operands[1][0], operands[2][0]))
+    values = range(operands[0][0], operands[1][0], operands[2][0])
+    return list(values) if len(values) <= _MAX_VALUES else None
 
 
 def _stacked(node: Any, operands: list[list[int]]) -> list[int] | None:
