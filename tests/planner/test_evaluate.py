@@ -14,17 +14,15 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.pipeline_stages import pipeline_candidates
-from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Pipeline
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import (
     LAYERS,
     STRATEGIES,
     committed,
-    layer_ops,
     strategy,
     two_by_two,
 )
-from tests.planner.compile.test_pipeline import _two_stages
+from tests.planner.compile.test_pipeline import joined_stages
 from tests.planner.zoo_graphs import zoo_ir
 
 
@@ -70,14 +68,7 @@ def test_the_bound_refuses_a_pipeline_the_graph_cannot_run() -> None:
     _, ir = committed("mlp")
     cluster = two_by_two()
     evaluator = Evaluator(ir, cluster)
-    middle = GroupDecision(device_groups=[0], option=Option.MODEL_PARALLEL)
-    candidate = _two_stages(ir)
-    candidate = candidate.model_copy(
-        update={
-            "groups": [*candidate.groups, OpGroup(ops=layer_ops(ir, "dense_1"), decision=middle)],
-            "pipeline": Pipeline(stages=[[0], [2]], micro_batches=2),
-        }
-    )
+    candidate = joined_stages(ir)
     with pytest.raises(InvalidInput) as refused:
         evaluator.evaluate(candidate)
     with pytest.raises(InvalidInput, match=re.escape(str(refused.value))):

@@ -213,12 +213,13 @@ def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
     """Apply the placement rules of the module docstring to every op."""
     batch = ir.batch_size
-    batch_input = has_batch_input(ir).tolist()
+    reads_batch = has_batch_input(ir)
+    batch_input = reads_batch.tolist()
     parameter_op = parameter_ops(ir).tolist()
     no_split = (ir.split_category == SplitCategory.NONE).tolist()
     adds_partials = sums_partials(ir).tolist()
     # split-concat without a batch input: rows made from nothing (the examples' positions)
-    makes_rows = ((ir.split_category == SplitCategory.SPLIT_CONCAT) & ~has_batch_input(ir)).tolist()
+    makes_rows = ((ir.split_category == SplitCategory.SPLIT_CONCAT) & ~reads_batch).tolist()
     sfb_op = resolved.sfb_op.tolist()
     layouts = _group_layouts(resolved, batch)
     on_device: dict[int, tuple[int, np.ndarray]] = {}  # model-parallel placements

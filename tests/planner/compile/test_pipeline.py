@@ -246,17 +246,22 @@ def test_a_pipeline_that_cannot_run_is_refused_with_the_reason(changes, message)
         phase_barriers(ir, resolved, place(ir, resolved))
 
 
-def test_a_whole_batch_op_between_micro_batched_ops_is_refused() -> None:
-    _, ir = committed("mlp")
-    cluster = two_by_two()
+def joined_stages(ir: GraphIR) -> Strategy:
+    """Two stages with a model-parallel layer outside them, between them: it would run
+    on the whole batch and join every micro-batch."""
     middle = GroupDecision(device_groups=[0], option=Option.MODEL_PARALLEL)
     strategy = _two_stages(ir)
-    strategy = strategy.model_copy(
+    return strategy.model_copy(
         update={
             "groups": [*strategy.groups, OpGroup(ops=layer_ops(ir, "dense_1"), decision=middle)],
             "pipeline": Pipeline(stages=[[0], [2]], micro_batches=2),
         }
     )
-    resolved = resolve(strategy, ir, cluster)
+
+
+def test_a_whole_batch_op_between_micro_batched_ops_is_refused() -> None:
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    resolved = resolve(joined_stages(ir), ir, cluster)
     with pytest.raises(InvalidInput, match="runs on the whole batch between micro-batched"):
         phase_barriers(ir, resolved, place(ir, resolved))
