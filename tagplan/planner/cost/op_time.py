@@ -11,7 +11,9 @@ and matrix products at the GPU's TF32 tensor-core peak where it has one, as Tens
 runs float32 math there by default; everything else at the FP32 peak), e_c the
 compute efficiency of the op's formula class (dense convolutions and matrix products
 reach a good fraction of peak; other kernels much less), e_m the achieved share of
-memory bandwidth, and a fixed per-kernel launch overhead. A 3x3 stride-1 convolution on
+memory bandwidth, and a fixed per-kernel launch overhead. A matrix product's or
+convolution's FLOPs are rounded up to whole output tiles where the GPU type names the
+tile its libraries compute in (:mod:`.gemm_shape`). A 3x3 stride-1 convolution on
 a GPU whose library offers Winograd algorithms takes the time of the fastest algorithm,
 direct or Winograd, as TensorFlow's cuDNN autotuning does (:mod:`.conv_algo`). Ops that
 do no work (constants, variable handles, reshapes) cost nothing. Every time says whether
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tagplan.planner.cost.conv_algo import ConvAlgorithms, conv_algorithms
+from tagplan.planner.cost.gemm_shape import GemmShapes, gemm_shapes
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.cost.work import GraphWork, graph_work
 from tagplan.planner.errors import InvalidInput
@@ -120,6 +123,7 @@ class OpCostModel:
         self.cluster = cluster
         self.work: GraphWork = graph_work(ir)
         self.conv: ConvAlgorithms = conv_algorithms(ir, self.work)
+        self.gemm: GemmShapes = gemm_shapes(ir, self.work)
         self.profiles = profiles
         self.efficiency = efficiency
         self._dense = np.array([f in _DENSE_FORMULAS for f in self.work.formula], dtype=bool)
@@ -191,6 +195,9 @@ class OpCostModel:
         memory_bytes_per_s = (
             float(cluster.type_memory_bandwidth_bytes_per_s[t]) * self.efficiency.memory
         )
+        tile = int(cluster.type_gemm_tile[t])
+        if tile:
+            flops = flops * self.gemm.padding_at(local_batch, self.ir.batch_size, tile)
         seconds = np.maximum(
             flops / (peak_flops_per_s * self._compute_efficiency),
             bytes_moved / memory_bytes_per_s,

@@ -44,6 +44,10 @@ class GpuTypeSpec(BaseModel):
     ``winograd`` says whether the device's convolution library offers Winograd
     algorithms for 3x3 convolutions (cuDNN does on every NVIDIA GPU; TensorFlow's CPU
     kernels do not), which the cost model then considers (:mod:`tagplan.planner.cost.conv_algo`).
+    ``gemm_tile`` is the side of the output tile the device's matrix-product and
+    convolution libraries compute a large product in; the cost model rounds a product's
+    work up to whole tiles (:mod:`tagplan.planner.cost.gemm_shape`). ``None`` (the
+    default) keeps the flops: set only where kernels timed on the GPU show the rounding.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,6 +59,7 @@ class GpuTypeSpec(BaseModel):
     memory_bandwidth_gb_per_s: PositiveFinite
     memory_gib: PositiveFinite
     winograd: bool = True
+    gemm_tile: Annotated[int, Field(gt=0)] | None = None
     source: str | None = None
 
     @field_validator("name")

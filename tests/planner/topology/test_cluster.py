@@ -92,6 +92,7 @@ class TestDevices:
         assert c.type_peak_fp16_flops[0] == c.type_peak_fp32_flops[0] == 2e12
         assert c.type_peak_tf32_flops[0] == 2e12  # no TF32 tensor cores: the FP32 rate
         assert c.type_winograd.dtype == bool and c.type_winograd[0]
+        assert c.type_gemm_tile[0] == 0  # no tiles unless the type names them
 
     def test_tf32_peak_and_winograd_per_type(self) -> None:
         c = load_cluster(
@@ -104,6 +105,7 @@ class TestDevices:
                         "memory_bandwidth_gb_per_s": 1,
                         "memory_gib": 1,
                         "winograd": False,
+                        "gemm_tile": 64,
                     }
                 ],
                 "machines": [
@@ -112,6 +114,7 @@ class TestDevices:
             }
         )
         assert c.type_peak_tf32_flops[0] == 8e12 and not c.type_winograd[0]
+        assert c.type_gemm_tile[0] == 64
 
     def test_arrays_are_read_only(self) -> None:
         c = three_machines()
