@@ -111,13 +111,28 @@ def _grid_order(index: Tensor, sources: int, destinations: int) -> bool | None:
     return None
 
 
-def _per_head(att: Tensor) -> Tensor:
+def _per_head(module: GATv2Conv) -> Tensor:
     """The (heads x channels) attention vectors as the block-diagonal (heads * channels x
     heads) matrix whose product with an edge's hidden vector gives each head's dot
-    product: one matrix product instead of a broadcast product and a sum."""
-    heads, channels = att.shape
+    product: one matrix product instead of a broadcast product and a sum. Without
+    autograd (the search's inference) it is kept on the module until ``att`` changes."""
+    att = module.att
+    key = (att.data_ptr(), att._version)
+    cached = module.__dict__.get("_per_head")
+    if not torch.is_grad_enabled() and cached is not None and cached[0] == key:
+        return cached[1]
+    heads, channels = att.shape[1:]
     eye = torch.eye(heads, dtype=att.dtype)
-    return (att.unsqueeze(2) * eye.unsqueeze(1)).reshape(heads * channels, heads)
+    matrix = (att[0].unsqueeze(2) * eye.unsqueeze(1)).reshape(heads * channels, heads)
+    if not torch.is_grad_enabled():
+        module.__dict__["_per_head"] = (key, matrix)
+    return matrix
+
+
+def _linear(layer: torch.nn.Module, x: Tensor) -> Tensor:
+    """``layer(x)`` for a linear layer, without the module call's hooks and dispatch
+    (a few microseconds each, thirty times per expansion)."""
+    return F.linear(x, layer.weight, layer.bias)
 
 
 def hetero_gatv2(
@@ -130,14 +145,14 @@ def hetero_gatv2(
     for edge_type in layout.types:
         module = conv.convs[edge_type]
         src, dst = layout.index[edge_type]
-        x_src = module.lin_l(x[edge_type[0]]).index_select(0, src)
+        x_src = _linear(module.lin_l, x[edge_type[0]]).index_select(0, src)
         # in place where autograd allows it: each (edges x width) buffer costs a pass
         # over memory, which is most of the time on the large edge types
-        hidden = module.lin_edge(edge_attr[edge_type])
+        hidden = _linear(module.lin_edge, edge_attr[edge_type])
         hidden += x_src
-        hidden += module.lin_r(x[edge_type[2]]).index_select(0, dst)
+        hidden += _linear(module.lin_r, x[edge_type[2]]).index_select(0, dst)
         F.leaky_relu_(hidden, module.negative_slope)
-        logits.append(hidden @ _per_head(module.att[0]))
+        logits.append(hidden @ _per_head(module))
         sources.append(x_src.view(len(src), module.heads, module.out_channels))
         bias[edge_type[2]] = bias[edge_type[2]] + module.bias
     first = next(iter(conv.convs.values()))
@@ -171,15 +186,17 @@ def _dense_gatv2(
     destination (:func:`_grid_order`): the sums and the softmax over a (destination x
     source) array, with no per-edge gathers, and the messages as one product per head."""
     heads, channels = module.heads, module.out_channels
-    left = module.lin_l(x_src)
-    hidden = module.lin_edge(edge_attr)
+    left = _linear(module.lin_l, x_src)
+    hidden = _linear(module.lin_edge, edge_attr)
     if source_major:
         hidden = hidden.view(len(x_src), len(x_dst), -1).transpose(0, 1)
     else:
         hidden = hidden.view(len(x_dst), len(x_src), -1)
     hidden += left.unsqueeze(0)
-    hidden += module.lin_r(x_dst).unsqueeze(1)
+    hidden += _linear(module.lin_r, x_dst).unsqueeze(1)
     F.leaky_relu_(hidden, module.negative_slope)
-    alpha = torch.softmax(hidden @ _per_head(module.att[0]), dim=1)  # destination, source, head
-    messages = torch.einsum("dsh,shc->dhc", alpha, left.view(len(x_src), heads, channels))
+    alpha = torch.softmax(hidden @ _per_head(module), dim=1)  # destination, source, head
+    # one (destination x source) @ (source x channels) product per head
+    per_head = left.view(len(x_src), heads, channels).transpose(0, 1)
+    messages = torch.bmm(alpha.permute(2, 0, 1), per_head).transpose(0, 1)
     return messages.reshape(len(x_dst), heads * channels) + module.bias
