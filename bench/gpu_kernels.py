@@ -4,7 +4,7 @@ Two steps around ``bench/gpu_measure.py``, which runs where the GPU is:
 
     python -m bench.gpu_kernels export --out kernels.json
     python -m bench.gpu_measure --kernels kernels.json --out measured.json   # on the GPU
-    python -m bench.gpu_kernels compare bench/profiles/kernels_h100.json
+    python -m bench.gpu_kernels compare bench/profiles/kernels_h100.json.gz
 
 ``export`` lists every convolution (forward, backward-data, backward-filter) and matrix
 product of five zoo graphs at their zoo batch, deduplicated by shape. ``compare`` prices
@@ -21,13 +21,14 @@ and prints predicted over measured:
 
 The efficiencies of the cost model were not fitted on these measurements. One choice
 was made on them: the catalog's ``gemm_tile`` of 128 for the Hopper types, taken on the
-H200's kernels (``bench/profiles/kernels_h200.json``); the H100's
-(``kernels_h100.json``), timed afterwards, are the check.
+H200's kernels (``bench/profiles/kernels_h200.json.gz``); the H100's
+(``kernels_h100.json.gz``), timed afterwards, are the check.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -45,6 +46,7 @@ from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.topology import GpuTypeSpec, builtin_catalog, load_cluster
 
 MODELS = ("vgg19", "resnet101", "inception_v3", "bert_large", "transformer")
+MEMORY_MODELS = ("vgg19", "resnet101", "inception_v3")
 CONV_DIRECTIONS = {
     "Conv2D": "forward",
     "Conv2DBackpropInput": "backward_data",
@@ -110,6 +112,61 @@ def kernel_spec(ir: GraphIR, op: int) -> dict | None:
     return spec
 
 
+# Memory-bound op types gpu_measure runs (the bulk of the CNNs' other time), and the
+# attributes it needs.
+MEMORY_OPS = frozenset(
+    {
+        "FusedBatchNormV3",
+        "FusedBatchNormGradV3",
+        "Relu",
+        "ReluGrad",
+        "BiasAdd",
+        "BiasAddGrad",
+        "AddV2",
+        "AddN",
+        "Sub",
+        "Mul",
+        "MaxPool",
+        "MaxPoolGrad",
+        "ConcatV2",
+        "ResourceApplyAdam",
+    }
+)
+# input positions that carry data (ConcatV2's last input is its axis; ResourceApplyAdam's
+# gradient is its tenth; batch norms: x, and dy with x)
+_DATA_INPUTS = {
+    "ConcatV2": slice(0, -1),
+    "ResourceApplyAdam": slice(9, 10),
+    "FusedBatchNormV3": slice(0, 1),
+    "FusedBatchNormGradV3": slice(0, 2),
+}
+
+
+def memory_spec(ir: GraphIR, op: int) -> dict | None:
+    """A memory-bound op as ``gpu_measure`` runs it; None for unknown shapes."""
+    op_type = ir.op_types[op]
+    if op_type not in MEMORY_OPS:
+        return None
+    ins = ir.inputs(op)[_DATA_INPUTS.get(op_type, slice(None))]
+    shapes = [ir.tensor_shapes[t] for t in ins]
+    if not shapes or any(s is None or min(s, default=0) < 0 for s in shapes):
+        return None
+    if any(int(ir.tensor_dtype[t]) != 1 for t in ins):
+        return None
+    attrs = attrs_from_cost_key(ir.cost_keys[op])
+    spec = {
+        "kind": "memory",
+        "op": op_type,
+        "inputs": shapes,
+        "ksize": (_ints(attrs.get("ksize")) or [1, 1, 1, 1])[1:3],
+        "strides": (_ints(attrs.get("strides")) or [1, 1, 1, 1])[1:3],
+        "padding": attrs.get("padding", "VALID"),
+        "dtype": "float32",
+    }
+    spec["key"] = json.dumps(spec, sort_keys=True)
+    return spec
+
+
 def export(out: Path) -> None:
     kernels: dict[str, dict] = {}
     ops: dict[str, dict[str, str]] = {}
@@ -117,7 +174,7 @@ def export(out: Path) -> None:
         ir = load_ir(model)
         ops[model] = {}
         for op in range(ir.num_ops):
-            spec = kernel_spec(ir, op)
+            spec = kernel_spec(ir, op) or memory_spec(ir, op)
             if spec is not None:
                 kernels.setdefault(spec["key"], spec)
                 ops[model][ir.op_names[op]] = spec["key"]
@@ -173,7 +230,8 @@ def kernel_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict
     by_class: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for name, key in op_keys.items():
         op = ir.op_index(name)
-        by_class[kernel_class(ir.op_types[op])].append((op, key))
+        if ir.op_types[op] not in MEMORY_OPS:
+            by_class[kernel_class(ir.op_types[op])].append((op, key))
     for cls, members in by_class.items():
         cells = []
         for mode in MODES:
@@ -190,8 +248,31 @@ def kernel_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict
         yield f"| {model} | {ir.batch_size} | {cls} | {len(members)} | " + " | ".join(cells) + " |"
 
 
+def memory_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict, type_name: str):
+    """Table rows per memory-bound op type: measured ms summed, predicted / measured."""
+    seconds = (
+        OpCostModel.for_gpu_types(ir, [type_spec(type_name, MODES[0], True)])
+        .op_times(0, ir.batch_size)
+        .seconds
+    )
+    times = measured["kernel_s"][MODES[0]]
+    by_type: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for name, key in op_keys.items():
+        op = ir.op_index(name)
+        if ir.op_types[op] in MEMORY_OPS and key in times:
+            by_type[ir.op_types[op]].append((op, times[key]))
+    for op_type, pairs in sorted(by_type.items(), key=lambda item: -sum(m for _, m in item[1])):
+        total = sum(m for _, m in pairs)
+        yield (
+            f"| {model} | {op_type} | {len(pairs)} | {total * 1e3:,.2f} | "
+            f"{sum(seconds[op] for op, _ in pairs) / total:.2f} | "
+            f"{spread([seconds[op] / m for op, m in pairs])} |"
+        )
+
+
 def compare(measured_path: Path) -> None:
-    measured = json.loads(measured_path.read_text())
+    raw = measured_path.read_bytes()
+    measured = json.loads(gzip.decompress(raw) if measured_path.suffix == ".gz" else raw)
     device = measured["device"]
     type_name = next(t for prefix, t in DEVICE_TYPES.items() if prefix in device)
     peaks = measured["peaks"]
@@ -226,6 +307,23 @@ def compare(measured_path: Path) -> None:
                 step_rows.append(
                     (model, ir.batch_size, mode, *predicted, measured["model_step_s"][mode][model])
                 )
+    memory = [
+        row
+        for model, op_keys in measured["kernels"]["ops"].items()
+        if model in MEMORY_MODELS
+        for row in memory_rows(load_ir(model), model, op_keys, measured, type_name)
+    ]
+    if memory:
+        lines += [
+            "",
+            "Memory-bound ops of the CNNs (batch norms and pools in NCHW, elementwise ops, "
+            "Adam as one fused kernel), timed once: predicted / measured of the summed "
+            "time, and the per-op median (quartiles):",
+            "",
+            "| model | op type | ops | measured ms | sum ratio | per op |",
+            "| --- | --- | ---: | ---: | ---: | --- |",
+            *memory,
+        ]
     lines += [
         "",
         "Whole SGD training step: the zoo graph's simulated `single` step against the "

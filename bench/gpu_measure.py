@@ -32,6 +32,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,9 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int) -> int:
     return -(-total // 2)
 
 
-def conv_call(spec: dict, device: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+def conv_call(
+    spec: dict, device: torch.device, dtype: torch.dtype = torch.float32
+) -> Callable[[], Any]:
     """The cuDNN call of one convolution direction at its forward shape."""
     n, h, w, c = spec["input_nhwc"]
     kh, kw, ci, co = spec["filter_hwio"]
@@ -114,7 +117,9 @@ def conv_call(spec: dict, device: torch.device, dtype: torch.dtype) -> Callable[
     )
 
 
-def matmul_call(spec: dict, device: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+def matmul_call(
+    spec: dict, device: torch.device, dtype: torch.dtype = torch.float32
+) -> Callable[[], Any]:
     """The cuBLAS call of a (batched) matrix product; transposes are views, as in cuBLAS."""
     a = torch.randn(*spec["a"], device=device, dtype=dtype)
     b = torch.randn(*spec["b"], device=device, dtype=dtype)
@@ -123,14 +128,103 @@ def matmul_call(spec: dict, device: torch.device, dtype: torch.dtype) -> Callabl
     return lambda: torch.matmul(a, b)
 
 
+def _nchw(shape: list[int], device: torch.device) -> torch.Tensor:
+    n, h, w, c = shape
+    return torch.randn(n, c, h, w, device=device)
+
+
+def _pool_padding(spec: dict, size: list[int]) -> list[int]:
+    if spec["padding"] != "SAME":
+        return [0, 0]
+    return [
+        same_padding(s, k, stride, 1)
+        for s, k, stride in zip(size, spec["ksize"], spec["strides"], strict=True)
+    ]
+
+
+def memory_call(spec: dict, device: torch.device) -> Callable[[], Any]:
+    """The CUDA kernels PyTorch runs for a memory-bound TensorFlow op: batch norms and
+    pools in NCHW (as cuDNN runs TensorFlow's on a GPU), elementwise ops as they are."""
+    op, shapes = spec["op"], spec["inputs"]
+    tensors = [torch.randn(tuple(shape), device=device) for shape in shapes]
+    eps = 1e-3
+    if op == "FusedBatchNormV3":
+        x = _nchw(shapes[0], device)
+        weight, bias = torch.ones(x.shape[1], device=device), torch.zeros(x.shape[1], device=device)
+        return lambda: F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)
+    if op == "FusedBatchNormGradV3":
+        grad, x = _nchw(shapes[0], device), _nchw(shapes[1], device)
+        weight = torch.ones(x.shape[1], device=device)
+        _, mean, invstd = torch.ops.aten.native_batch_norm(
+            x, weight, None, None, None, True, 0.0, eps
+        )
+        return lambda: torch.ops.aten.native_batch_norm_backward(
+            grad, x, weight, None, None, mean, invstd, True, eps, [True, True, True]
+        )
+    if op in ("MaxPool", "MaxPoolGrad"):
+        x = _nchw(shapes[0], device)
+        padding = _pool_padding(spec, shapes[0][1:3])
+        args = (spec["ksize"], spec["strides"], padding)
+        if op == "MaxPool":
+            return lambda: F.max_pool2d(x, *args)
+        y, indices = F.max_pool2d(x, *args, return_indices=True)
+        grad = torch.randn_like(y)
+        return lambda: torch.ops.aten.max_pool2d_with_indices_backward(
+            grad, x, *args, [1, 1], False, indices
+        )
+    first = tensors[0]
+    calls: dict[str, Callable[[], Any]] = {
+        "Relu": lambda: torch.relu(first),
+        "ReluGrad": lambda: torch.ops.aten.threshold_backward(first, tensors[-1], 0.0),
+        "BiasAdd": lambda: first + tensors[1],
+        "BiasAddGrad": lambda: first.view(-1, first.shape[-1]).sum(0),
+        "AddV2": lambda: first + tensors[1],
+        "Sub": lambda: first - tensors[1],
+        "Mul": lambda: first * tensors[1],
+        "AddN": lambda: torch.stack(tensors).sum(0) if len(tensors) > 2 else first + tensors[1],
+        "ConcatV2": lambda: torch.cat(tensors, dim=-1),
+    }
+    if op == "ResourceApplyAdam":
+        variable, m, v = (torch.zeros_like(first) for _ in range(3))
+        step = torch.ones((), device=device)
+        return lambda: torch._fused_adam_(
+            [variable],
+            [first],
+            [m],
+            [v],
+            [],
+            [step],
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            weight_decay=0.0,
+            eps=1e-7,
+            amsgrad=False,
+            maximize=False,
+        )
+    return calls[op]
+
+
 def measure_kernels(
-    kernels: list[dict], device: torch.device, times: dict[str, float], save: Callable[[], None]
+    kernels: list[dict],
+    device: torch.device,
+    mode: str,
+    times: dict[str, float],
+    save: Callable[[], None],
 ) -> None:
     """Fill ``times`` (seconds by kernel key) in the current mode, saving every 25."""
     for index, spec in enumerate(kernels):
         dtype = torch.float16 if spec["dtype"] == "float16" else torch.float32
-        build = conv_call if spec["kind"] == "conv" else matmul_call
-        times[spec["key"]] = median_call_s(build(spec, device, dtype))
+        if spec["kind"] == "memory":
+            if mode != MODES[0]:
+                continue  # no math mode to them: timed once
+            build = memory_call
+        else:
+            build = partial(conv_call if spec["kind"] == "conv" else matmul_call, dtype=dtype)
+        try:
+            times[spec["key"]] = median_call_s(build(spec, device))
+        except (RuntimeError, TypeError, ValueError) as error:  # one kernel, not the run
+            print(f"{spec['key']}: {error}", flush=True)
         torch.cuda.empty_cache()
         if index % 25 == 24:
             save()
@@ -201,13 +295,13 @@ def main() -> None:
     }
 
     def save() -> None:
-        args.out.write_text(json.dumps(result, indent=1))
+        args.out.write_text(json.dumps(result, separators=(",", ":")))
 
     for mode in MODES:
         started = time.perf_counter()
         set_mode(mode)
         result["kernel_s"][mode] = {}
-        measure_kernels(kernels["kernels"], device, result["kernel_s"][mode], save)
+        measure_kernels(kernels["kernels"], device, mode, result["kernel_s"][mode], save)
         print(f"kernels {mode}: {time.perf_counter() - started:.0f} s", flush=True)
         save()
     for mode in () if args.skip_models else MODES:

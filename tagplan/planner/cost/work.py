@@ -232,9 +232,15 @@ def _per_input_element(k: float, ir: GraphIR, op: int) -> tuple[float, _Traffic]
     return k * _numel(ir, ir.inputs(op)[0]), _io(ir, op)
 
 
-def _batch_norm(train: float, infer: float, ir: GraphIR, op: int) -> tuple[float, _Traffic]:
+def _batch_norm(
+    train: float, infer: float, rereads: int, ir: GraphIR, op: int
+) -> tuple[float, _Traffic]:
+    """Training reads its first ``rereads`` inputs twice: once for the per-channel sums,
+    once to normalize (forward: x; gradient: dy and x)."""
     training = _attrs(ir, op).get("is_training", "True") == "True"
-    return (train if training else infer) * _numel(ir, ir.inputs(op)[0]), _io(ir, op)
+    flops = (train if training else infer) * _numel(ir, ir.inputs(op)[0])
+    traffic = _io(ir, op)
+    return flops, traffic.add(ir.inputs(op)[:rereads]) if training else traffic
 
 
 def _take(ir: GraphIR, op: int) -> tuple[float, _Traffic]:
@@ -467,10 +473,12 @@ _rows("pool_grad", f"(window + 1) * elements(dy) (find the max again, then add);
 _rows("pool_grad", f"(window + 1) * elements(dy) (divide, then add over the window); {_IO}",
       partial(_pool, 1, True), ("AvgPoolGrad",))
 _rows("batch_norm", f"7 flops per element of x when training (mean 1, variance 3, normalize "
-      f"3), 2 otherwise (x * a + b); {_IO}", partial(_batch_norm, 7, 2),
+      f"3), 2 otherwise (x * a + b); {_IO}, and x read again when training (statistics, "
+      f"then normalize)", partial(_batch_norm, 7, 2, 1),
       ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"))
 _rows("batch_norm_grad", f"9 flops per element of dy when training (sums of dy and dy * x_hat, "
-      f"x_hat 2, dx 4), 5 otherwise; {_IO}", partial(_batch_norm, 9, 5),
+      f"x_hat 2, dx 4), 5 otherwise; {_IO}, and dy and x read again when training (sums, "
+      f"then dx)", partial(_batch_norm, 9, 5, 2),
       ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"))
 _rows("apply_optimizer", "2 * P flops (var -= lr * g); bytes: var read + written, g read",
       partial(_apply, 1, 2, 2),

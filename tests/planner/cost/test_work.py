@@ -621,7 +621,7 @@ CASES = [
         ],
         "e",
         7 * (B * 8 * 8 * 3),
-        2 * f32(B, 8, 8, 3) + 9 * f32(3),
+        3 * f32(B, 8, 8, 3) + 9 * f32(3),  # x read twice (statistics, then normalize)
         "batch_norm",
     ),
     Case(
@@ -653,7 +653,7 @@ CASES = [
         ],
         "e",
         9 * (B * 8 * 8 * 3),
-        3 * f32(B, 8, 8, 3) + 8 * f32(3),
+        5 * f32(B, 8, 8, 3) + 8 * f32(3),  # dy and x read twice (sums, then dx)
         "batch_norm_grad",
     ),
     # Parameter updates: P = 12 elements of w [4, 3].
