@@ -13,6 +13,7 @@ from tagplan.planner.errors import InvalidInput
 from tagplan.planner.topology import (
     Cluster,
     ClusterSpec,
+    builtin_catalog,
     canonical_order,
     fingerprint,
     load_cluster,
@@ -136,6 +137,16 @@ class TestSensitivity:
                 }
             ]
         ),
+        **{
+            f"catalog {field}": lambda d, update=update: d.update(
+                gpu_types=[{**builtin_catalog()["P100"].model_dump(), **update}]
+            )
+            for field, update in {
+                "tf32 peak": {"tf32_tflops": 40.0},
+                "winograd": {"winograd": False},
+                "tile": {"gemm_tile": 128},
+            }.items()
+        },
     }
 
     @pytest.mark.parametrize("change", sorted(EDITS))
