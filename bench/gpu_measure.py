@@ -6,8 +6,11 @@ tagplan module, so the checkout needs no install there):
     python -m bench.gpu_measure --kernels kernels.json --out measured.json
 
 ``kernels.json`` (written by ``python -m bench.gpu_kernels export``) lists the unique
-convolutions and matrix products of zoo graphs, each as its forward shape and direction.
-Every kernel is timed in two math modes:
+convolutions and matrix products of zoo graphs, each as its forward shape and direction,
+and their memory-bound ops (batch norms, pools, elementwise ops, Adam updates), each as
+its op type and input shapes. The memory-bound ops are timed once (PyTorch's kernel for
+each; batch norms and pools in NCHW, as cuDNN runs TensorFlow's on a GPU). Convolutions
+and products are timed in two math modes:
 
 * ``tf32``: TensorFlow's default on Ampere and later, float32 tensors with TF32 tensor-core
   math for convolutions and matrix products;
@@ -16,7 +19,8 @@ Every kernel is timed in two math modes:
 
 cuDNN autotuning is on (``cudnn.benchmark``, TensorFlow's default), so each shape runs
 with the fastest algorithm cuDNN offers. A kernel's time is the median of three timed
-rounds of back-to-back calls (CUDA events, ~10 ms per round) after a warm-up call.
+rounds of back-to-back calls (CUDA events, ~10 ms per round) after a warm-up call; for
+kernels of a few microseconds that includes PyTorch's launch from Python.
 
 The output also holds whole training steps of the torchvision networks that match the
 zoo's CNNs (SGD, batch 96, both modes) and the GPU's achieved peaks (a large matrix
