@@ -55,8 +55,8 @@ CONV_DIRECTIONS = {
 MATMULS = {"MatMul": ("transpose_a", "transpose_b"), "BatchMatMulV2": ("adj_x", "adj_y")}
 MATMULS["BatchMatMul"] = MATMULS["BatchMatMulV3"] = MATMULS["BatchMatMulV2"]
 DTYPES = {1: "float32", 19: "float16"}
-# The catalog type of each device name torch reports.
-DEVICE_TYPES = {"H100": "H100", "H200": "H200", "A100": "A100-80GB"}
+# The catalog type of each device name torch reports (the GPUs measured so far).
+DEVICE_TYPES = {"H100": "H100", "H200": "H200"}
 
 
 def kernel_class(op_type: str) -> str:
@@ -217,16 +217,25 @@ def simulated_step_s(ir: GraphIR, spec: GpuTypeSpec) -> float:
     return evaluator.evaluate(baseline_strategy("single", ir, cluster, evaluator.costs)).step_time_s
 
 
-def kernel_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict, type_name: str):
-    """Table rows per kernel class: measured ms, sum ratio with and without tiles, and the
-    per-op ratios, for each math mode."""
-    predicted = {
+Predictions = dict[tuple[str, bool], np.ndarray]
+
+
+def predictions(ir: GraphIR, type_name: str) -> Predictions:
+    """Estimated seconds per op in each math mode, with the tile rounding and without."""
+    return {
         (mode, tiled): OpCostModel.for_gpu_types(ir, [type_spec(type_name, mode, tiled)])
         .op_times(0, ir.batch_size)
         .seconds
         for mode in MODES
         for tiled in (True, False)
     }
+
+
+def kernel_rows(
+    ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict, predicted: Predictions
+):
+    """Table rows per kernel class: measured ms, sum ratio with and without tiles, and the
+    per-op ratios, for each math mode."""
     by_class: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for name, key in op_keys.items():
         op = ir.op_index(name)
@@ -248,13 +257,11 @@ def kernel_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict
         yield f"| {model} | {ir.batch_size} | {cls} | {len(members)} | " + " | ".join(cells) + " |"
 
 
-def memory_rows(ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict, type_name: str):
+def memory_rows(
+    ir: GraphIR, model: str, op_keys: dict[str, str], measured: dict, predicted: Predictions
+):
     """Table rows per memory-bound op type: measured ms summed, predicted / measured."""
-    seconds = (
-        OpCostModel.for_gpu_types(ir, [type_spec(type_name, MODES[0], True)])
-        .op_times(0, ir.batch_size)
-        .seconds
-    )
+    seconds = predicted[MODES[0], True]  # no math mode or tile touches these ops
     times = measured["kernel_s"][MODES[0]]
     by_type: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for name, key in op_keys.items():
@@ -274,7 +281,9 @@ def compare(measured_path: Path) -> None:
     raw = measured_path.read_bytes()
     measured = json.loads(gzip.decompress(raw) if measured_path.suffix == ".gz" else raw)
     device = measured["device"]
-    type_name = next(t for prefix, t in DEVICE_TYPES.items() if prefix in device)
+    type_name = next((t for prefix, t in DEVICE_TYPES.items() if prefix in device), None)
+    if type_name is None:
+        raise SystemExit(f"no catalog type for {device!r}: add it to DEVICE_TYPES")
     peaks = measured["peaks"]
     catalog = builtin_catalog()[type_name]
     lines = [
@@ -295,24 +304,21 @@ def compare(measured_path: Path) -> None:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
     ]
     step_rows = []
+    memory = []
     for model, op_keys in measured["kernels"]["ops"].items():
         ir = load_ir(model)
-        lines += kernel_rows(ir, model, op_keys, measured, type_name)
+        predicted = predictions(ir, type_name)
+        lines += kernel_rows(ir, model, op_keys, measured, predicted)
+        if model in MEMORY_MODELS:
+            memory += memory_rows(ir, model, op_keys, measured, predicted)
         for mode in MODES:
             if model in measured["model_step_s"].get(mode, {}):
-                predicted = [
+                simulated = [
                     simulated_step_s(ir, type_spec(type_name, mode, tiled))
                     for tiled in (True, False)
                 ]
-                step_rows.append(
-                    (model, ir.batch_size, mode, *predicted, measured["model_step_s"][mode][model])
-                )
-    memory = [
-        row
-        for model, op_keys in measured["kernels"]["ops"].items()
-        if model in MEMORY_MODELS
-        for row in memory_rows(load_ir(model), model, op_keys, measured, type_name)
-    ]
+                step = measured["model_step_s"][mode][model]
+                step_rows.append((model, ir.batch_size, mode, *simulated, step))
     if memory:
         lines += [
             "",

@@ -150,7 +150,6 @@ def memory_call(spec: dict, device: torch.device) -> Callable[[], Any]:
     """The CUDA kernels PyTorch runs for a memory-bound TensorFlow op: batch norms and
     pools in NCHW (as cuDNN runs TensorFlow's on a GPU), elementwise ops as they are."""
     op, shapes = spec["op"], spec["inputs"]
-    tensors = [torch.randn(tuple(shape), device=device) for shape in shapes]
     eps = 1e-3
     if op == "FusedBatchNormV3":
         x = _nchw(shapes[0], device)
@@ -176,6 +175,7 @@ def memory_call(spec: dict, device: torch.device) -> Callable[[], Any]:
         return lambda: torch.ops.aten.max_pool2d_with_indices_backward(
             grad, x, *args, [1, 1], False, indices
         )
+    tensors = [torch.randn(tuple(shape), device=device) for shape in shapes]
     first = tensors[0]
     calls: dict[str, Callable[[], Any]] = {
         "Relu": lambda: torch.relu(first),

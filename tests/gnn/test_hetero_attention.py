@@ -95,3 +95,23 @@ def test_the_network_scores_a_batch_the_same_either_way(searched) -> None:
     fused = net(batch).detach()
     net.fused = False
     assert torch.allclose(fused, net(batch).detach(), atol=1e-6)
+
+
+def test_inference_follows_weight_changes(searched) -> None:
+    """The per-head attention matrix kept between expansions is rebuilt when the weights
+    change in place (an optimizer step, a checkpoint load)."""
+    torch.manual_seed(11)
+    net = PriorNet(hidden=16, heads=2, layers=1).eval()
+    data = _states(searched, "none")[-1]
+    with torch.inference_mode():
+        before = net.logits(data)
+    with torch.no_grad():
+        for conv in net.convs[0].convs.values():
+            conv.att.copy_(5.0 * torch.randn_like(conv.att))
+    with torch.inference_mode():
+        fused = net.logits(data)
+    net.fused = False
+    with torch.inference_mode():
+        reference = net.logits(data)
+    assert not torch.allclose(before, reference, atol=1e-4)
+    assert torch.allclose(fused, reference, atol=1e-5)

@@ -11,13 +11,9 @@ this tile quantization. The work a kernel does is therefore
 with ``T`` the GPU type's ``gemm_tile``. A convolution with 32 or 64 output channels
 (Inception's branches, ResNet's bottleneck entries, VGG's first layers) fills a quarter or
 a half of a 128-wide tile; a large product loses nothing. The catalog sets ``T = 128``
-for the Hopper types only, where 1,644 convolutions and products of five zoo graphs
-timed on an H200 show it (``bench/gpu_kernels.py``, BENCHMARKS.md): the summed
-convolution time of Inception-v3 predicted at 0.26-0.46 of the measured time in TF32
-without the rounding and at 0.37-0.60 with it, 0.55-0.58 and 0.84-0.95 in strict FP32
-(an H100, timed afterwards, agrees: docs/cost-formulas.md).
-Other types keep their flops: on the P100 the published per-image times of the
-fidelity benchmark are closer without it.
+for the Hopper types only, where kernels timed on an H200 and an H100 show it; other
+types keep their flops (the evidence for both: docs/cost-formulas.md, "Tile rounding of
+matrix products").
 
 The implicit matrix product of each direction of a 2-D convolution (filter
 ``[Kh, Kw, Cin, Cout]``, ``y`` the forward output):
@@ -29,9 +25,8 @@ The implicit matrix product of each direction of a 2-D convolution (filter
 
 A matrix product's ``M x N`` is its output's. Batched products keep their flops: cuBLAS's
 batched kernels take tiles the size of small matrices (an attention head's 64 columns),
-and on the H200 the strict-FP32 attention products of BERT-Large and the Transformer were
-estimated at 0.85 and 0.64 of their measured time untiled, 1.25 and 2.27 tiled.
-Depthwise convolutions are not matrix products either.
+which the H200's timings of the attention products bear out. Depthwise convolutions are
+not matrix products either.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -123,7 +124,6 @@ class OpCostModel:
         self.cluster = cluster
         self.work: GraphWork = graph_work(ir)
         self.conv: ConvAlgorithms = conv_algorithms(ir, self.work)
-        self.gemm: GemmShapes = gemm_shapes(ir, self.work)
         self.profiles = profiles
         self.efficiency = efficiency
         self._dense = np.array([f in _DENSE_FORMULAS for f in self.work.formula], dtype=bool)
@@ -132,6 +132,11 @@ class OpCostModel:
         )
         self._free = np.array([f in efficiency.free_formulas for f in self.work.formula])
         self._cache: dict[tuple[int, int], OpTimes] = {}
+
+    @cached_property
+    def gemm(self) -> GemmShapes:
+        """The dense ops' matrix shapes, derived the first time a type with a tile asks."""
+        return gemm_shapes(self.ir, self.work)
 
     @classmethod
     def for_gpu_types(
