@@ -9,12 +9,13 @@
 * **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
   ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
   breaks ties in the candidate generator's order, the others shuffle them;
-* **pipelined candidates** (after the search, inside its phase): tagplan's pipelines
-  (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds,
-  micro-batch counts), fewest micro-batches first while a tenth of the budget lasts; the
-  fastest that fits joins the contenders as ``pipelined``; a candidate whose busiest GPU
-  computes for longer than the best step that fits so far is not simulated
-  (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
+  On an allocation of several machines (or device groups) the tree's root first decides
+  the layout: TAG's per-group decisions or one of tagplan's pipelines
+  (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds), below
+  which it decides the micro-batches and each stage's gradient synchronization
+  (:mod:`~.search.layout_branches`); the layouts are cut once, after the baselines, and a
+  micro-batch count whose busiest GPU computes for longer than the best baseline step is
+  left out (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
   strategy and the fastest baseline (SFB can turn the order around);
@@ -41,14 +42,14 @@ Budgets (:mod:`~.budget`): ``budget_s`` bounds the whole plan, every phase inclu
 one :class:`~.budget.Deadline` fixed when planning starts (a job's workers share it).
 DP-NCCL, the reference, always runs; the other baselines share a quarter of the budget
 and a baseline whose evaluation would not fit what is left is skipped (m-SCT's LP stops
-at its share). The search gets what is left less a reserve for the pipelined candidates
-and SFB (a share of the budget each), the final simulations (each timed like DP-NCCL's
-evaluation), the plan's per-GPU simulation and the distributed GraphDef (both scaled by
-the GPUs per symmetry class, as their cost grows with the GPUs); it also stops once it
-has converged (:mod:`~.search.mcts`). SFB stops at its share. Every phase's status (``done``,
-``truncated``, ``skipped``) and wall time are in the result. ``iterations`` bounds each
-tree; with an iteration budget that neither the time budget nor convergence cuts, a seed
-always gives the same plan.
+at its share). The search gets what is left less a reserve for SFB (a share of the
+budget), the final simulations (each timed like DP-NCCL's evaluation), the plan's
+per-GPU simulation and the distributed GraphDef (both scaled by the GPUs per symmetry
+class, as their cost grows with the GPUs); a pipeline it has no time left to simulate is
+not simulated; it also stops once it has converged (:mod:`~.search.mcts`). SFB stops at
+its share. Every phase's status (``done``, ``truncated``, ``skipped``) and wall time are
+in the result. ``iterations`` bounds each tree; with an iteration budget that neither
+the time budget nor convergence cuts, a seed always gives the same plan.
 
 The expensive work shared by a job's steps (grouping, baselines, the reference's step)
 is done once: :meth:`Planner.prepared` gives it as JSON and a ``Planner`` built with
@@ -80,6 +81,7 @@ from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
 from tagplan.planner.search.comm_bound import comm_bound
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops, grouping_of
+from tagplan.planner.search.layout_branches import LayoutBranches, bounded_layouts
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
     SearchOutcome,
@@ -88,7 +90,11 @@ from tagplan.planner.search.mcts import (
     best_outcome,
     make_feasible,
 )
-from tagplan.planner.search.pipeline_stages import pipeline_candidates
+from tagplan.planner.search.pipeline_stages import (
+    StageLayout,
+    device_speed,
+    pipeline_layouts,
+)
 from tagplan.planner.search.prior import Prior, UniformPrior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.search.warm_start import start_actions
@@ -126,8 +132,6 @@ _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
 # baselines simulated per GPU (a parameter server on every GPU leaves no two alike; a
 # pipeline's micro-batches are compiled per GPU)
 _PER_GPU_BASELINES = frozenset({"dp-ps", "pipeline"})
-# share of the budget tagplan's pipelined candidates may take after the search
-_PIPELINE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,10 @@ class Planner:
             )
             self.reference_step_s = self.baselines[REFERENCE].step_time_s
             self._lower_bound_s = prepared.get("lower_bound_s")
+            self.layouts = self._branches(
+                [StageLayout.from_dict(d) for d in prepared["layouts"]],
+                prepared["layout_bound_s"],
+            )
         else:
             self._enter("group")
             self.grouping = group_ops(
@@ -216,6 +224,7 @@ class Planner:
             )
             self.phases.leave()
             self._score_baselines()  # sets the reference's step
+            self.layouts = self._cut_layouts()
 
     def prepared(self) -> dict:
         """The group and baseline phases' results and the lower bound as JSON, for
@@ -227,6 +236,8 @@ class Planner:
             "per_gpu_factor": self.per_gpu_factor,
             "phases": self.phases.to_dict(),
             "lower_bound_s": self.lower_bound_s(),
+            "layouts": [] if self.layouts is None else [x.to_dict() for x in self.layouts.layouts],
+            "layout_bound_s": [] if self.layouts is None else self.layouts.bound_s,
         }
 
     def lower_bound_s(self) -> float:
@@ -351,6 +362,56 @@ class Planner:
         self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
         self.phases.leave()
 
+    def _cut_layouts(self) -> LayoutBranches | None:
+        """tagplan's stage layouts as branches of the search (module docstring), bounded by
+        the best baseline step that fits; ``None`` when pipelines are turned off, the
+        allocation is one unit, or the search has no time to simulate a pipeline of two
+        micro-batches (cutting a large graph takes seconds)."""
+        if not self.options.pipeline:
+            return None
+        self._enter("search")
+        if self.search_budget_s() < 2 * self.evaluation_s * self.per_gpu_factor:
+            self._note_search("pipelines not cut: no time left in the budget")
+            self.phases.leave()
+            return None
+        layouts = pipeline_layouts(self.ir, self.cluster, self.evaluator.costs)
+        fitting = [b.step_time_s for b in self.baselines.values() if not b.oom]
+        bounded = bounded_layouts(
+            self.evaluator,
+            layouts,
+            device_speed(self.ir, self.cluster, self.evaluator.costs),
+            min(fitting, default=math.inf),
+        )
+        left_out = [
+            f"{n} {why}"
+            for n, why in (
+                (bounded.ruled_out, "ruled out by their busiest GPU's compute"),
+                (bounded.refused, "refused by the graph"),
+            )
+            if n
+        ]
+        if left_out:
+            pairs = sum(len(x.micro_batches) for x in layouts)
+            self._note_search(
+                f"of {pairs} pipelines (layout and micro-batches), " + ", ".join(left_out)
+            )
+        self.phases.leave()
+        return self._branches(bounded.layouts, bounded.bound_s)
+
+    def _branches(
+        self, layouts: Sequence[StageLayout], bound_s: Sequence[Sequence[float]]
+    ) -> LayoutBranches | None:
+        if not layouts:
+            return None
+        return LayoutBranches(
+            self.ir,
+            self.cluster,
+            layouts,
+            device_speed(self.ir, self.cluster, self.evaluator.costs),
+            bound_s=bound_s,
+            micro_batch_s=self.evaluation_s * self.per_gpu_factor,
+        )
+
     def _search(self, seed: int) -> StrategySearch:
         return StrategySearch(
             self.evaluator,
@@ -360,67 +421,13 @@ class Planner:
             prior=self.prior,
             seed=seed,
             shuffle_ties=seed != self.options.seed,
+            layouts=self.layouts,
         )
 
     def _finish_reserve_s(self) -> float:
-        """Seconds to keep for the pipelined candidates, SFB, the last simulations and
-        the distributed GraphDef."""
+        """Seconds to keep for SFB, the last simulations and the distributed GraphDef."""
         sfb = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
-        pipeline = self.options.budget_s * _PIPELINE_SHARE if self.options.pipeline else 0.0
-        return pipeline + sfb + self._last_steps_s(self.graphdef)
-
-    def _best_pipeline(self, reserve_s: float, incumbent_s: float | None) -> Strategy | None:
-        """tagplan's pipelined candidates (:func:`~.search.pipeline_stages.pipeline_candidates`),
-        fewest micro-batches first, simulated while their share of the budget lasts: the
-        fastest that fits, or ``None``. A candidate whose compute bound is no shorter than
-        ``incumbent_s`` (the best step that fits so far) or than the best candidate's is
-        ruled out without a simulation."""
-        if not self.options.pipeline:
-            return None
-        share_s = min(self.options.budget_s * _PIPELINE_SHARE, self.deadline.left_s() - reserve_s)
-        # an evaluation grows with the micro-batches: seconds per micro-batch, measured
-        per_micro_batch_s = self.evaluation_s * self.per_gpu_factor
-        if share_s < per_micro_batch_s:  # cutting stages takes seconds on large graphs
-            self._note_search("pipelined candidates not cut: no time left in the budget")
-            return None
-        candidates = pipeline_candidates(self.ir, self.cluster, self.evaluator.costs)
-        candidates.sort(key=lambda c: c.pipeline.micro_batches if c.pipeline else 0)
-        ends_at = time.time() + share_s
-        best: tuple[float, Strategy] | None = None
-        bar_s = math.inf if incumbent_s is None else incumbent_s  # what a candidate must beat
-        tried = ruled_out = refused = 0
-        for strategy in candidates:
-            micro_batches = strategy.pipeline.micro_batches if strategy.pipeline else 1
-            if time.time() + per_micro_batch_s * micro_batches > ends_at:
-                break
-            self._check_cancel()
-            started = time.perf_counter()
-            try:  # the bound refuses micro-batches this cut cannot keep apart
-                if self.evaluator.compute_bound_s(strategy) >= bar_s:
-                    ruled_out += 1
-                    continue
-                evaluation = self.evaluator.evaluate(strategy)
-            except InvalidInput:
-                refused += 1
-                continue
-            tried += 1
-            per_micro_batch_s = (time.perf_counter() - started) / micro_batches
-            if not evaluation.result.oom and (best is None or evaluation.step_time_s < best[0]):
-                best = (evaluation.step_time_s, strategy)
-                bar_s = min(bar_s, evaluation.step_time_s)
-        if tried < len(candidates):
-            left = len(candidates) - tried - ruled_out - refused
-            note = f"{tried} of {len(candidates)} pipelined candidates simulated" + "".join(
-                f", {n} {why}"
-                for n, why in (
-                    (ruled_out, "ruled out by their busiest GPU's compute"),
-                    (refused, "refused by the graph"),
-                    (left, "left for lack of time"),
-                )
-                if n
-            )
-            self._note_search(note)
-        return None if best is None else best[1]
+        return sfb + self._last_steps_s(self.graphdef)
 
     def _note_search(self, note: str) -> None:
         report = self.phases.reports.setdefault("search", PhaseReport())
@@ -488,14 +495,8 @@ class Planner:
         searched = [o for o in outcomes if o.iterations]
         self._record_search(outcomes, searched)
         reserve_s = self._last_steps_s(graph_def is not None)
-        sfb_share_s = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
-        fitting = [o.step_time_s for o in searched if not o.oom]
-        fitting += [b.step_time_s for b in self.baselines.values() if not b.oom]
-        pipelined = self._best_pipeline(reserve_s + sfb_share_s, min(fitting, default=None))
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
-        if pipelined is not None:
-            contenders.append(("pipelined", pipelined))
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
         if not self.options.sfb:
             self.phases.mark("sfb", "skipped", "turned off")
@@ -595,7 +596,7 @@ class Planner:
             contenders.append((name, self.baselines[name].strategy))
         if not contenders:
             search = self._search(best.seed if best else self.options.seed)
-            start = best.actions if best else search.complete([0])
+            start = best.actions if best and not best.pipelined else search.complete([0])
             _, evaluation = make_feasible(search, start, time_left_s=self.deadline.left_s)
             contenders.append(("search", evaluation.strategy))
             costs = search.evaluator.costs

@@ -36,7 +36,8 @@ class PlanResult:
 
     ``baselines`` maps each baseline to its simulated step in seconds, ``None`` when it
     runs out of memory. ``chosen_from`` is ``"search"`` when the tree search found the
-    strategy, else the name of the baseline that no strategy the search saw could beat.
+    strategy (a pipeline among them: ``strategy.pipeline`` says), else the name of the
+    baseline that no strategy the search saw could beat.
     ``lower_bound_s`` is the step no strategy beats with free communication
     (:mod:`~.search.lower_bound`); ``comm_bound_s`` the step no strategy of the search's
     candidate actions beats counting communication (:mod:`~.search.comm_bound`), ``None``

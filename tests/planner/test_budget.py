@@ -75,15 +75,16 @@ def test_the_baselines_give_way_to_the_steps_every_plan_runs(monkeypatch, graphd
         assert planner.phases.reports["baselines"].status == "done"
 
 
-def test_pipelined_candidates_are_not_cut_without_time_to_simulate_one() -> None:
+def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
     """Cutting a large graph into stages takes seconds: with no time left for a
-    simulation the planner does not cut, and says so."""
+    simulation of two micro-batches the planner does not cut, and says so."""
     ir, cluster = zoo_ir("small_cnn"), load_cluster("testbed")
     planner = Planner(ir, cluster, options=PlanOptions(budget_s=600.0, sfb=False))
-    assert planner._best_pipeline(reserve_s=600.0, incumbent_s=None) is None
+    assert planner.layouts is not None and len(planner.layouts) > 0
+    planner.deadline = Deadline.after(2 * planner.evaluation_s * planner.per_gpu_factor)
+    assert planner._cut_layouts() is None
     note = planner.phases.reports["search"].note
-    assert note == "pipelined candidates not cut: no time left in the budget"
-    assert planner._best_pipeline(reserve_s=0.0, incumbent_s=None) is not None
+    assert note.endswith("; pipelines not cut: no time left in the budget")
 
 
 def test_the_search_stops_once_it_has_converged() -> None:

@@ -13,7 +13,6 @@ import pytest
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.baselines import baseline_strategy
-from tagplan.planner.search.pipeline_stages import pipeline_candidates
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import (
     LAYERS,
@@ -23,6 +22,7 @@ from tests.planner.compile.test_graphdef import (
     two_by_two,
 )
 from tests.planner.compile.test_pipeline import joined_stages
+from tests.planner.layouts import layout_strategies
 from tests.planner.zoo_graphs import zoo_ir
 
 
@@ -55,7 +55,7 @@ def test_the_bound_of_every_pipelined_candidate_on_a_real_cluster() -> None:
     _, ir = committed("small_cnn")
     cluster = load_cluster("testbed")
     evaluator = Evaluator(ir, cluster)
-    candidates = pipeline_candidates(ir, cluster, evaluator.costs)
+    candidates = layout_strategies(ir, cluster, evaluator.costs)
     assert len(candidates) >= 5
     for candidate in candidates:
         busy = _instance_compute_s(evaluator, candidate)

@@ -16,6 +16,20 @@ Each iteration
 3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``;
 4. **backs up** the reward along the path (N and the running mean Q).
 
+With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the
+root decides the layout first: TAG's per-group decisions as above, or one of the
+pipeline layouts, below which the tree decides the micro-batches and each stage's
+gradient synchronization (:mod:`.layout_branches`). That root weighs its edges by the
+**best** reward found below each, not the mean: its branches are whole families of
+strategies of different spread (TAG's tree holds thousands of strategies, most of them
+poor; a layout a few dozen, all alike), and what a plan keeps is the best of a branch.
+An unvisited layout scores as the reference (reward 1), so the pipelines are tried when
+TAG's decisions have not beaten the reference yet or once the exploration term says so.
+A branch of pipelines is not simulated, and its edge is closed, when the time left
+cannot simulate any of them or each one's busiest GPU computes no less than the best
+step that fits so far (none can win: :meth:`~.layout_branches.LayoutBranches.least`); a
+vertex whose edges are all closed closes its own.
+
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Search stops at an
 iteration or wall-clock budget, when ``cancel()`` returns true (then
@@ -23,8 +37,12 @@ iteration or wall-clock budget, when ``cancel()`` returns true (then
 ``patience`` ``p``, when the best strategy found at iteration ``i`` has not been improved
 on for ``max(p, i)`` iterations. The window grows with the tree: a search that needed
 ``i`` iterations to find its best gets as many again to beat it, so a quick answer on a
-small space returns quickly and a slow one is not cut short. The outcome's
-``stop_reason`` says which rule ended it.
+small space returns quickly and a slow one is not cut short. With layouts the rule counts
+the iterations through TAG's decisions and their best only: the pipelines' branches are
+small and close as they are simulated (a whole strategy simulated is closed: visiting it
+again tells nothing), and an early pipeline that beats TAG's first strategies must not
+shorten the window TAG's decisions get. When every edge is closed the search has seen
+every strategy of its tree. The outcome's ``stop_reason`` says which rule ended it.
 
 Equal PUCT scores — every unvisited edge under a uniform prior — are broken in the
 candidate generator's order (most promising placements first) or, with
@@ -36,6 +54,11 @@ merges the trees' results.
 When every strategy seen runs out of memory, :func:`make_feasible` moves op groups to
 model parallelism over every GPU, the group holding the most parameters on an
 overflowing GPU first, until the step fits.
+
+Why one module: selection, the closing of edges, expansion and backup read and write the
+same vertex statistics and the same score table, and the rules that stop a search
+(convergence, exhaustion, the deadline) are read off them in the one loop; split, each
+part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -51,6 +74,7 @@ from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput, Pla
 from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
+from tagplan.planner.search.layout_branches import LayoutBranches, is_pipelined_key
 from tagplan.planner.search.prior import Prior, PriorQuery, SearchContext, UniformPrior
 from tagplan.planner.sim.simulate import SimResult
 from tagplan.planner.strategy import OpGroup, Option, Strategy, load_strategy
@@ -67,6 +91,7 @@ DEFAULT_C_PUCT = 1.5
 # a step time counts as an improvement when it is shorter by more than this fraction
 _IMPROVEMENT = 1e-6
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
+_REFERENCE_REWARD = 1.0  # a strategy as fast as the reference
 
 
 @dataclass(frozen=True)
@@ -83,7 +108,8 @@ class SearchOutcome:
     """The best strategy one tree found, in a form that travels as JSON between workers."""
 
     seed: int
-    actions: tuple[int, ...]  # action index of every op group (by group id)
+    # action index of every op group (by group id), or a pipelined key (layout_branches)
+    actions: tuple[int, ...]
     strategy_json: str
     step_time_s: float
     oom: bool
@@ -93,11 +119,16 @@ class SearchOutcome:
     rejected: int  # strategies the engine refused (each one is a bug to look at)
     first_better_iteration: int | None  # first iteration that beat the reference
     elapsed_s: float
-    stop_reason: str = "budget"  # "budget", "iterations", "converged", "target", "skipped"
+    # "budget", "iterations", "converged", "exhausted", "target", "skipped"
+    stop_reason: str = "budget"
 
     @property
     def strategy(self) -> Strategy:
         return load_strategy(self.strategy_json)
+
+    @property
+    def pipelined(self) -> bool:
+        return is_pipelined_key(self.actions)
 
     @classmethod
     def skipped(cls, seed: int) -> SearchOutcome:
@@ -145,25 +176,49 @@ _NO_TASKS = np.zeros(0)
 
 
 class _Vertex:
-    """Edge statistics of one expanded vertex: visits N, reward sums W, prior G."""
+    """Edge statistics of one expanded vertex: visits N, reward sums W, the best reward
+    below each edge, prior G, and the edges closed (not worth simulating). ``by_best``:
+    edges are valued by their best reward, unvisited ones as the reference (the layout
+    root, module docstring); otherwise by their mean, unvisited ones by the vertex's."""
 
-    __slots__ = ("children", "prior", "query", "reward_sum", "tie_break", "visits")
+    __slots__ = (
+        "best",
+        "by_best",
+        "children",
+        "closed",
+        "prior",
+        "query",
+        "reward_sum",
+        "tie_break",
+        "visits",
+    )
 
     def __init__(
-        self, prior: np.ndarray, tie_break: np.ndarray, query: PriorQuery | None = None
+        self,
+        prior: np.ndarray,
+        tie_break: np.ndarray,
+        query: PriorQuery | None = None,
+        *,
+        by_best: bool = False,
     ) -> None:
-        self.prior, self.query = prior, query
+        self.prior, self.query, self.by_best = prior, query, by_best
         self.visits = np.zeros(len(prior), dtype=np.int64)
         self.reward_sum = np.zeros(len(prior))
+        self.best = np.full(len(prior), -np.inf)
         self.children: dict[int, _Vertex] = {}
         self.tie_break = tie_break
+        self.closed = np.zeros(len(prior), dtype=bool)
 
     def select(self, c_puct: float) -> int:
         total = self.visits.sum()
-        mean = self.reward_sum.sum() / total if total else 0.0
-        q = np.where(self.visits > 0, self.reward_sum / np.maximum(self.visits, 1), mean)
+        if self.by_best:  # on the scale of the best reward so far, as the prior's term is
+            scale = max(float(self.best.max()), _REFERENCE_REWARD)
+            q = np.where(self.visits > 0, self.best, _REFERENCE_REWARD) / scale
+        else:
+            mean = self.reward_sum.sum() / total if total else 0.0
+            q = np.where(self.visits > 0, self.reward_sum / np.maximum(self.visits, 1), mean)
         u = q + c_puct * self.prior * math.sqrt(max(total, 1)) / (1 + self.visits)
-        return int(np.argmax(u + self.tie_break))
+        return int(np.argmax(np.where(self.closed, -np.inf, u + self.tie_break)))
 
 
 class StrategySearch:
@@ -172,7 +227,8 @@ class StrategySearch:
     ``reference_step_s`` is the step time of the reference strategy (DP-NCCL) that
     rewards are measured against. ``scores`` (a dict) lets searches over the same
     evaluator, groups, actions and reference share what they simulated; their
-    ``evaluations`` then count the shared strategies.
+    ``evaluations`` then count the shared strategies. ``layouts`` puts pipelines in the
+    tree (module docstring).
     """
 
     def __init__(
@@ -188,8 +244,10 @@ class StrategySearch:
         shuffle_ties: bool = False,
         name: str = "tagplan",
         scores: dict | None = None,
+        layouts: LayoutBranches | None = None,
     ) -> None:
         self.evaluator, self.grouping, self.space = evaluator, grouping, space
+        self.layouts = layouts
         self.reference_step_s = reference_step_s
         self.prior = prior or UniformPrior()
         self.seed, self.c_puct, self.name = seed, c_puct, name
@@ -216,7 +274,12 @@ class StrategySearch:
         return tuple(full)
 
     def strategy_of(self, key: tuple[int, ...]) -> Strategy:
-        """The strategy giving op group ``g`` the action ``key[g]``."""
+        """The strategy giving op group ``g`` the action ``key[g]``, or the pipelined
+        strategy of a pipelined key."""
+        if is_pipelined_key(key):
+            if self.layouts is None:
+                raise InvalidInput("a pipelined key in a search without layouts")
+            return self.layouts.strategy(key)
         actions = self.space.actions
         groups = [
             OpGroup(ops=ops, decision=self.space.decision(actions[a]))
@@ -247,21 +310,74 @@ class StrategySearch:
         slim = replace(result, start_s=_NO_TASKS, finish_s=_NO_TASKS)
         return _Scored(result.step_time_s, bool(result.oom), overflow, reward, slim)
 
-    def _expand(self, decided: tuple[int, ...], feedback: SimResult | None) -> _Vertex:
-        query = PriorQuery(
-            context=self.context,
-            order=self.order,
-            level=len(decided),
-            decided=decided,
-            actions=self.space.actions,
-            feedback=feedback,
-        )
-        prior = np.asarray(self.prior.probabilities(query), dtype=np.float64)
-        if prior.shape != (len(self.space),) or not np.isclose(prior.sum(), 1.0):
-            raise InvalidInput("a prior must give one probability per action, summing to 1")
+    def _depth(self, path: Sequence[int]) -> int:
+        """The edges from the root to a leaf of the branch ``path`` (non-empty) is in."""
+        if self.layouts is None:
+            return self.grouping.num_groups
+        if path[0] == 0:
+            return 1 + self.grouping.num_groups
+        return 1 + len(self.layouts.level_sizes(path[0] - 1))
+
+    def _key(self, path: Sequence[int]) -> tuple[int, ...]:
+        """The strategy a vertex reached by ``path`` stands for (its levels completed)."""
+        if self.layouts is None:
+            return self.complete(path)
+        if path[0] == 0:
+            return self.complete(path[1:] or [0])
+        return self.layouts.key(path[0] - 1, path[1:])
+
+    def _expand(self, path: tuple[int, ...], feedback: SimResult | None) -> _Vertex:
+        """The vertex ``path`` reaches: the layouts at the root (when there are any), a
+        uniform prior below a layout, the prior's probabilities for TAG's decisions."""
+        query = None
+        root = self.layouts is not None and not path
+        if root:
+            prior = self.layouts.root_prior()
+        elif self.layouts is not None and path[0] > 0:
+            count = self.layouts.level_sizes(path[0] - 1)[len(path) - 1]
+            prior = np.full(count, 1.0 / count)
+        else:
+            decided = path[1:] if self.layouts is not None else path
+            query = PriorQuery(
+                context=self.context,
+                order=self.order,
+                level=len(decided),
+                decided=decided,
+                actions=self.space.actions,
+                feedback=feedback if decided else None,
+            )
+            prior = np.asarray(self.prior.probabilities(query), dtype=np.float64)
+            if prior.shape != (len(self.space),) or not np.isclose(prior.sum(), 1.0):
+                raise InvalidInput("a prior must give one probability per action, summing to 1")
         n = len(prior)
         ties = self._rng.random(n) if self.shuffle_ties else -np.arange(n) / n
-        return _Vertex(prior, ties * 1e-9, query)
+        return _Vertex(prior, ties * 1e-9, query, by_best=root)
+
+    def _not_worth_simulating(
+        self,
+        path: Sequence[int],
+        key: tuple[int, ...],
+        deadline: float,
+        best_key: tuple[int, ...] | None,
+    ) -> bool:
+        """Whether the pipelines below ``path`` (the strategy ``key`` stands for among
+        them, not simulated yet) all end after ``deadline`` or are all bounded at no less
+        than the best step that fits so far: their branch cannot give the plan."""
+        if self.layouts is None or not is_pipelined_key(key) or key in self._scores:
+            return False
+        bound_s, cost_s = self.layouts.least(path[0] - 1, path[1:])
+        if time.perf_counter() + cost_s > deadline:
+            return True
+        best = None if best_key is None else self._scores[best_key]
+        return best is not None and not best.oom and bound_s >= best.step_time_s
+
+    @staticmethod
+    def _close(path: Sequence[tuple[_Vertex, int]]) -> None:
+        """Close the last edge of ``path``, and each edge above whose vertex is closed."""
+        for vertex, edge in reversed(path):
+            vertex.closed[edge] = True
+            if not vertex.closed.all():
+                return
 
     def visit_targets(self, min_visits: int) -> list[tuple[PriorQuery, np.ndarray]]:
         """The training targets of TAG §4.2.2 from the last :meth:`run`: at every vertex
@@ -315,11 +431,13 @@ class StrategySearch:
             )
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
-        levels = self.grouping.num_groups
         root = self._root = self._expand((), None)
+        if self.layouts is not None:  # TAG's decisions start as a tree without layouts does
+            root.children[0] = self._expand((0,), None)
         best_key: tuple[int, ...] | None = None
         first_better: int | None = None
-        done = improved_at = 0
+        done = improved_at = flat_done = 0  # flat: iterations through TAG's decisions
+        flat_best: tuple[int, ...] | None = None
         stop_reason = "budget"
         while True:
             if iterations is not None and done >= iterations:
@@ -329,6 +447,9 @@ class StrategySearch:
                 break
             if cancel is not None and cancel():
                 raise Cancelled("planning was cancelled")
+            if root.closed.all():
+                stop_reason = "exhausted"
+                break
             if start_key is not None and done == 0:
                 key = start_key
                 scored = self.score(key)
@@ -340,19 +461,29 @@ class StrategySearch:
                     path.append((vertex, action))
                     decided.append(action)
                     child = vertex.children.get(action)
-                    if child is None or len(decided) == levels:
+                    if child is None or len(decided) == self._depth(decided):
                         break
                     vertex = child
-                key = self.complete(decided)
+                key = self._key(decided)
+                if self._not_worth_simulating(decided, key, deadline, best_key):
+                    self._close(path)
+                    continue
                 scored = self.score(key)
-            if child is None and len(decided) < levels:
+            if child is None and len(decided) < self._depth(decided):
                 vertex.children[action] = self._expand(tuple(decided), scored.feedback)
             for node, edge in path:
                 node.visits[edge] += 1
                 node.reward_sum[edge] += scored.reward
+                node.best[edge] = max(node.best[edge], scored.reward)
+            if decided and len(decided) == self._depth(decided):
+                self._close(path)  # a whole strategy, simulated: visiting again tells nothing
             done += 1
-            if best_key is None or self._improves(key, best_key):
-                improved_at = done
+            if not is_pipelined_key(key):
+                flat_done += 1
+                if flat_best is None or self._improves(key, flat_best):
+                    improved_at = flat_done
+                if flat_best is None or self._better(key, flat_best):
+                    flat_best = key
             if best_key is None or self._better(key, best_key):
                 best_key = key
             if (
@@ -366,7 +497,8 @@ class StrategySearch:
             if stop_below_s is not None and not scored.oom and scored.step_time_s < stop_below_s:
                 stop_reason = "target"
                 break
-            if patience is not None and done - improved_at >= max(patience, improved_at):
+            converged = flat_done - improved_at >= max(patience or 0, improved_at)
+            if patience is not None and converged:
                 stop_reason = "converged"
                 break
         if best_key is None:

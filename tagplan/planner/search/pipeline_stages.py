@@ -28,19 +28,23 @@ several stages read (a tied embedding) becomes a group of its own outside the st
 mirrored on their GPUs, so no step sends the weight; its gradient is summed where the
 stages' contributions meet and copied to every mirror (:func:`_pipelined`).
 
-**Candidates** (:func:`pipeline_candidates`): for 2, 4, 8 and as many stages as units,
+**Layouts** (:func:`pipeline_layouts`): for 2, 4, 8 and as many stages as units,
 every unit merged into that many stages, or that many of the fastest units alone (a
 pipeline over part of the allocation, as the search's actions use part of it); shares by
-speed, ``m`` in ``{p, 2p, 4p}`` micro-batches (GPipe §3: ``m >= 4p``
-makes the bubble negligible) up to what keeps every GPU of a stage a row per
-micro-batch, under 1F1B (the same bubble as GPipe with fewer activations alive). The
-``pipeline`` baseline (:func:`pipeline_baseline`) is what a user configures by hand:
-one stage per unit, equal compute per stage, ``m = 4p``, 1F1B.
+speed, each with both sets of backward cuts where they differ. A layout leaves two
+choices to the search (:mod:`.layout_branches`): ``m`` in ``{p, 2p, 4p}`` micro-batches
+(GPipe §3: ``m >= 4p`` makes the bubble negligible) up to what keeps every GPU of a
+stage a row per micro-batch, and each stage's gradient synchronization; stages run 1F1B
+(the same bubble as GPipe with fewer activations alive). The ``pipeline`` baseline
+(:func:`pipeline_baseline`) is what a user configures by hand: one stage per unit, equal
+compute per stage, ``m = 4p``, 1F1B, AllReduce in every stage.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -61,7 +65,14 @@ from tagplan.planner.strategy import (
 )
 from tagplan.planner.topology import Cluster
 
-__all__ = ["op_stages", "pipeline_baseline", "pipeline_candidates", "stage_units"]
+__all__ = [
+    "StageLayout",
+    "device_speed",
+    "op_stages",
+    "pipeline_baseline",
+    "pipeline_layouts",
+    "stage_units",
+]
 
 _CUT_SLACK = 0.3  # how far from the balanced point tagplan moves a cut, in stage shares
 _SETTLE_SWEEPS = 4  # label-propagation sweeps over the backward ops
@@ -76,9 +87,12 @@ def stage_units(cluster: Cluster) -> list[np.ndarray]:
     return [np.array([d]) for d in range(cluster.num_devices)]
 
 
-def _stage_decision(cluster: Cluster, gpus: np.ndarray, speed: np.ndarray) -> GroupDecision:
-    """Data parallelism over ``gpus``: their device groups, none of the other GPUs of
-    those groups, batch shares by speed when their types differ."""
+def _stage_decision(
+    cluster: Cluster, gpus: np.ndarray, speed: np.ndarray, sync: Option
+) -> GroupDecision:
+    """Data parallelism over ``gpus`` with gradient synchronization ``sync``: their device
+    groups, none of the other GPUs of those groups, batch shares by speed when their types
+    differ."""
     groups = sorted({int(g) for g in cluster.group_of_device[gpus].tolist()})
     members = set(gpus.tolist())
     names = cluster.device_names
@@ -92,7 +106,7 @@ def _stage_decision(cluster: Cluster, gpus: np.ndarray, speed: np.ndarray) -> Gr
     weights = {str(names[d]): float(speed[d]) for d in gpus.tolist()} if mixed else None
     return GroupDecision(
         device_groups=groups,
-        option=Option.REPLICATE_ALLREDUCE,
+        option=sync,
         replicas=left_out or None,
         batch_weights=weights,
     )
@@ -296,15 +310,18 @@ def _shared_weights(ir: GraphIR, op_stage: np.ndarray) -> dict[int, frozenset[in
 def _pipelined(
     ir: GraphIR,
     cluster: Cluster,
-    stage_gpus: list[np.ndarray],
+    stage_gpus: Sequence[np.ndarray],
     op_stage: np.ndarray,
     speed: np.ndarray,
     micro_batches: int,
     name: str,
+    sync: Sequence[Option] | None = None,
 ) -> Strategy:
-    """The strategy: a replicated group per stage; a weight several stages read is a
-    group of its own mirrored on all their GPUs (as Megatron-LM keeps a tied embedding
-    on its first and last stage), outside the stages."""
+    """The strategy: a replicated group per stage, stage ``s`` synchronizing its gradients
+    by ``sync[s]`` (AllReduce when not given); a weight several stages read is a group of
+    its own mirrored on all their GPUs (as Megatron-LM keeps a tied embedding on its first
+    and last stage), outside the stages, its gradient AllReduced."""
+    sync = sync or [Option.REPLICATE_ALLREDUCE] * len(stage_gpus)
     shared = _shared_weights(ir, op_stage)
     atoms, _ = _variable_atoms(ir)
     apart = np.isin(atoms, list(shared))
@@ -312,7 +329,7 @@ def _pipelined(
     kept = [
         OpGroup(
             ops=[ir.op_names[o] for o in np.flatnonzero(stage_of == s).tolist()],
-            decision=_stage_decision(cluster, gpus, speed),
+            decision=_stage_decision(cluster, gpus, speed, sync[s]),
         )
         for s, gpus in enumerate(stage_gpus)
         if (stage_of == s).any()
@@ -328,7 +345,7 @@ def _pipelined(
     for stages, members in sorted(by_stages.items(), key=lambda kv: sorted(kv[0])):
         gpus = np.concatenate([stage_gpus[s] for s in sorted(stages)])
         ops = np.flatnonzero(np.isin(atoms, members))
-        decision = _stage_decision(cluster, gpus, speed)
+        decision = _stage_decision(cluster, gpus, speed, Option.REPLICATE_ALLREDUCE)
         kept.append(OpGroup(ops=[ir.op_names[o] for o in ops.tolist()], decision=decision))
     return Strategy(name=name, groups=kept, pipeline=pipeline)
 
@@ -339,12 +356,12 @@ def _merged(units: list[np.ndarray], count: int) -> list[np.ndarray]:
     return [np.concatenate(units[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
-def _micro_batch_limit(ir: GraphIR, stage_gpus: list[np.ndarray]) -> int:
+def _micro_batch_limit(ir: GraphIR, stage_gpus: Sequence[np.ndarray]) -> int:
     """The most micro-batches that leave every GPU of every stage a row of each."""
     return max(1, ir.batch_size // max(len(gpus) for gpus in stage_gpus))
 
 
-def _device_speed(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
+def device_speed(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> np.ndarray:
     """Each GPU's speed on the model: 1 / its step time at an even share of the batch."""
     local = max(1, ir.batch_size // cluster.num_devices)
     by_type = {
@@ -368,30 +385,78 @@ def _layouts(units: list[np.ndarray], speed: np.ndarray) -> list[tuple[str, list
     return layouts
 
 
-def pipeline_candidates(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[Strategy]:
-    """tagplan's pipelined strategies for this graph and cluster (module docstring);
-    empty when the graph's loss is unknown or the cluster has a single unit."""
+@dataclass(frozen=True, eq=False)
+class StageLayout:
+    """One stage partition the search can take: the GPUs of each stage, every op's stage
+    and the micro-batch counts it may run (ascending); the search decides the count and
+    each stage's gradient synchronization (:meth:`strategy`)."""
+
+    name: str
+    stage_gpus: tuple[np.ndarray, ...]
+    op_stage: np.ndarray
+    micro_batches: tuple[int, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_gpus)
+
+    def strategy(
+        self,
+        ir: GraphIR,
+        cluster: Cluster,
+        speed: np.ndarray,
+        micro_batches: int,
+        sync: Sequence[Option] | None = None,
+    ) -> Strategy:
+        """The pipelined strategy at ``micro_batches``, stage ``s`` synchronizing by
+        ``sync[s]`` (AllReduce when not given); ``speed`` is :func:`device_speed`."""
+        name = f"{self.name}x{micro_batches}"
+        if sync and any(o != Option.REPLICATE_ALLREDUCE for o in sync):
+            name += "-" + "".join("p" if o == Option.REPLICATE_PS else "a" for o in sync)
+        return _pipelined(
+            ir, cluster, self.stage_gpus, self.op_stage, speed, micro_batches, name, sync
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "stage_gpus": [gpus.tolist() for gpus in self.stage_gpus],
+            "op_stage": self.op_stage.tolist(),
+            "micro_batches": list(self.micro_batches),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StageLayout:
+        return cls(
+            name=data["name"],
+            stage_gpus=tuple(np.asarray(g, dtype=np.int64) for g in data["stage_gpus"]),
+            op_stage=np.asarray(data["op_stage"], dtype=np.int64),
+            micro_batches=tuple(int(m) for m in data["micro_batches"]),
+        )
+
+
+def pipeline_layouts(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[StageLayout]:
+    """tagplan's stage layouts for this graph and cluster (module docstring); empty when
+    the graph's loss is unknown or the cluster has a single unit."""
     units = stage_units(cluster)
     if len(units) < 2 or ir.loss_op < 0:
         return []
-    speed = _device_speed(ir, cluster, costs)
+    speed = device_speed(ir, cluster, costs)
     op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
-    found: list[Strategy] = []
+    found: list[StageLayout] = []
     for label, stage_gpus in _layouts(units, speed):
         count = len(stage_gpus)
         shares = np.array([speed[gpus].sum() for gpus in stage_gpus])
         limit = _micro_batch_limit(ir, stage_gpus)
+        micro_batches = tuple(sorted({min(k * count, limit) for k in (1, 2, 4)}))
         cuts: list[np.ndarray] = []
         for by_layer in (True, False):
             op_stage = op_stages(ir, op_time_s, shares, slack=_CUT_SLACK, by_layer=by_layer)
             if any(np.array_equal(op_stage, other) for other in cuts):
                 continue
             cuts.append(op_stage)
-            for micro_batches in sorted({min(k * count, limit) for k in (1, 2, 4)}):
-                name = f"pipeline-{label}x{micro_batches}{'' if by_layer else '-early'}"
-                found.append(
-                    _pipelined(ir, cluster, stage_gpus, op_stage, speed, micro_batches, name)
-                )
+            name = f"pipeline-{label}{'' if by_layer else '-early'}"
+            found.append(StageLayout(name, tuple(stage_gpus), op_stage, micro_batches))
     return found
 
 
@@ -400,7 +465,7 @@ def pipeline_baseline(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Stra
     single unit (or a graph without a known loss) the unit's data parallelism, one
     stage."""
     units = stage_units(cluster)
-    speed = _device_speed(ir, cluster, costs)
+    speed = device_speed(ir, cluster, costs)
     if len(units) < 2 or ir.loss_op < 0:
         units = [np.arange(cluster.num_devices)]
         op_stage = np.zeros(ir.num_ops, dtype=np.int64)

@@ -18,12 +18,12 @@ from tagplan.planner.search.grouping import atoms_of, cluster_mean_op_time_s
 from tagplan.planner.search.pipeline_stages import (
     op_stages,
     pipeline_baseline,
-    pipeline_candidates,
     stage_units,
 )
 from tagplan.planner.strategy import Schedule, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 from tests.planner.compile.test_graphdef import committed, two_by_two
+from tests.planner.layouts import layout_strategies
 from tests.planner.zoo_graphs import zoo_ir
 
 
@@ -129,12 +129,12 @@ def test_every_candidate_compiles_and_simulates_and_single_units_get_none() -> N
     ir = zoo_ir("small_cnn")
     cluster = _machines(4)
     evaluator = Evaluator(ir, cluster)
-    candidates = pipeline_candidates(ir, cluster, evaluator.costs)
+    candidates = layout_strategies(ir, cluster, evaluator.costs)
     assert {len(c.pipeline.stages) for c in candidates} == {2, 4}
     for strategy in candidates:
         assert evaluator.evaluate(strategy).step_time_s > 0
     single = _machines(1, gpus=1)
-    assert pipeline_candidates(ir, single, OpCostModel(ir, single)) == []
+    assert layout_strategies(ir, single, OpCostModel(ir, single)) == []
 
 
 def test_a_cut_that_parts_a_batch_norm_from_its_gradient_is_refused() -> None:
@@ -143,9 +143,9 @@ def test_a_cut_that_parts_a_batch_norm_from_its_gradient_is_refused() -> None:
     earlier at the cut) would make it read their average over every micro-batch."""
     ir = zoo_ir("inception_v3")
     cluster = _machines(2)
-    candidates = pipeline_candidates(ir, cluster, OpCostModel(ir, cluster))
-    by_layer = [c for c in candidates if not c.name.endswith("-early")]
-    early = [c for c in candidates if c.name.endswith("-early")]
+    candidates = layout_strategies(ir, cluster, OpCostModel(ir, cluster))
+    by_layer = [c for c in candidates if "-early" not in c.name]
+    early = [c for c in candidates if "-early" in c.name]
     assert by_layer and early
     for strategy in by_layer:
         resolved = resolve(strategy, ir, cluster)
@@ -189,7 +189,7 @@ def test_a_weight_two_stages_read_is_mirrored_on_both_and_the_step_verifies(tmp_
     graph_def = GraphDef.FromString(path.read_bytes())
     ir = analyze(graph_def, batch_inputs=["features", "labels"], loss=built.loss_node)
     cluster = _machines(2)
-    strategy = next(iter(pipeline_candidates(ir, cluster, OpCostModel(ir, cluster))))
+    strategy = next(iter(layout_strategies(ir, cluster, OpCostModel(ir, cluster))))
     stages = {g for stage in strategy.pipeline.stages for g in stage}
     outside = [g for g in range(len(strategy.groups)) if g not in stages]
     assert len(stages) == 2 and len(outside) == 1
