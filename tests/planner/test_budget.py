@@ -111,8 +111,9 @@ def test_the_search_stops_once_it_has_converged() -> None:
 
 
 def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
-    """A planner built from another's ``prepared()`` groups, scores and searches alike."""
-    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    """A planner built from another's ``prepared()`` groups, scores, cuts its pipelines
+    and searches alike."""
+    ir, cluster = zoo_ir("small_cnn"), load_cluster("testbed")
     options = PlanOptions(iterations=12, budget_s=600, sfb=False)
     first = Planner(ir, cluster, options=options)
     prepared = json.loads(json.dumps(first.prepared()))
@@ -121,6 +122,10 @@ def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
     assert (second.grouping.group_time_s == first.grouping.group_time_s).all()
     assert second.baselines == first.baselines
     assert second.reference_step_s == first.reference_step_s
+    assert first.layouts is not None and second.layouts is not None  # cut once, handed on
+    assert second.layouts.bound_s == first.layouts.bound_s
+    for mine, theirs in zip(first.layouts.layouts, second.layouts.layouts, strict=True):
+        assert mine.to_dict() == theirs.to_dict()
     first_phases, second_phases = first.phases.reports, second.phases.reports
     assert "group" not in second_phases or second_phases["group"] == first_phases["group"]
     a, b = first.search_shard(0), second.search_shard(0)
