@@ -17,6 +17,7 @@ from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.plan import PlanOptions, plan
 from tagplan.planner.result import PlanResult
 from tagplan.planner.topology import load_cluster
+from tagplan.planner.topology.named import random_cluster_spec
 
 MODELS = ["transformer", "vgg19", "resnet101", "bert_large"]
 
@@ -38,10 +39,23 @@ def _machines(count: int, per_machine: int, kind: str, gbps: float, **gpu_type) 
     return spec
 
 
+def _slow_random(seed: int, machines: int) -> dict:
+    """A random allocation of TAG §5.2's generator, its links between machines at a
+    tenth of their drawn rate (2-5 Gbps)."""
+    spec = random_cluster_spec(seed, machines).model_dump(mode="json", exclude_none=True)
+    network = spec["network"]
+    network["bandwidth_gbps"] /= 10
+    for link in network.get("links", []):
+        link["bandwidth_gbps"] /= 10
+    return spec
+
+
 CLUSTERS = {
     "cloud": "cloud",
     "4x4 V100, 1 Gbps": _machines(4, 4, "V100-16GB", 1),
     "8x2 T4, 1 Gbps": _machines(8, 2, "T4", 1),
+    "random 4 machines (seed 0), links / 10": _slow_random(0, 4),
+    "random 4 machines (seed 3), links / 10": _slow_random(3, 4),
 }
 # four GPUs of 3.8 GiB: neither VGG19's weights and Adam slots on every GPU nor a whole
 # batch of its first activations on one fits

@@ -45,7 +45,8 @@ class PlanResult:
     ``estimated`` says which inputs were analytic estimates rather than measurements.
     ``phases`` gives each phase's status (``done``, ``truncated``, ``skipped``), wall time
     and note (:class:`~tagplan.planner.budget.PhaseReport`); ``stop_reason`` why the
-    search ended (``converged``, ``budget``, ``iterations``, ``target``, ``skipped``).
+    search ended (``converged``, ``exhausted``, ``budget``, ``iterations``, ``target``,
+    ``skipped``; several shards join theirs with ``+``).
     ``plan_time_s`` is the wall time from the start of planning to the result; ``prior``
     names the search's prior (``uniform`` or the GNN checkpoint, ``gnn:<digest>``).
     """
