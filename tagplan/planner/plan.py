@@ -216,6 +216,7 @@ class Planner:
             self.layouts = self._branches(
                 [StageLayout.from_dict(d) for d in prepared["layouts"]],
                 prepared["layout_bound_s"],
+                prepared["layout_cut_s"],
             )
         else:
             self._enter("group")
@@ -238,6 +239,7 @@ class Planner:
             "lower_bound_s": self.lower_bound_s(),
             "layouts": [] if self.layouts is None else [x.to_dict() for x in self.layouts.layouts],
             "layout_bound_s": [] if self.layouts is None else self.layouts.bound_s,
+            "layout_cut_s": 0.0 if self.layouts is None else self.layouts.cut_s,
         }
 
     def lower_bound_s(self) -> float:
@@ -374,6 +376,7 @@ class Planner:
             self._note_search("pipelines not cut: no time left in the budget")
             self.phases.leave()
             return None
+        started = time.perf_counter()
         layouts = pipeline_layouts(self.ir, self.cluster, self.evaluator.costs)
         fitting = [b.step_time_s for b in self.baselines.values() if not b.oom]
         bounded = bounded_layouts(
@@ -396,10 +399,10 @@ class Planner:
                 f"of {pairs} pipelines (layout and micro-batches), " + ", ".join(left_out)
             )
         self.phases.leave()
-        return self._branches(bounded.layouts, bounded.bound_s)
+        return self._branches(bounded.layouts, bounded.bound_s, time.perf_counter() - started)
 
     def _branches(
-        self, layouts: Sequence[StageLayout], bound_s: Sequence[Sequence[float]]
+        self, layouts: Sequence[StageLayout], bound_s: Sequence[Sequence[float]], cut_s: float
     ) -> LayoutBranches | None:
         if not layouts:
             return None
@@ -410,6 +413,8 @@ class Planner:
             device_speed(self.ir, self.cluster, self.evaluator.costs),
             bound_s=bound_s,
             micro_batch_s=self.evaluation_s * self.per_gpu_factor,
+            evaluation_s=self.evaluation_s,
+            cut_s=cut_s,
         )
 
     def _search(self, seed: int) -> StrategySearch:

@@ -124,6 +124,7 @@ def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
     assert second.reference_step_s == first.reference_step_s
     assert first.layouts is not None and second.layouts is not None  # cut once, handed on
     assert second.layouts.bound_s == first.layouts.bound_s
+    assert second.layouts.cut_s == first.layouts.cut_s > 0
     for mine, theirs in zip(first.layouts.layouts, second.layouts.layouts, strict=True):
         assert mine.to_dict() == theirs.to_dict()
     first_phases, second_phases = first.phases.reports, second.phases.reports

@@ -27,8 +27,17 @@ is closed (:meth:`LayoutBranches.least`). **Root prior.** TAG's decisions keep t
 quarters of the root's prior; the layouts share the rest in inverse proportion to their
 compute bound at their fewest micro-batches, so the one whose busiest GPU computes least
 is tried first among them. **Cost.** A pipeline is simulated per GPU, its tasks growing
-with the micro-batches (``micro_batch_s`` each): a branch whose every pipeline would
-end after the search's deadline is closed, not simulated.
+with the micro-batches (``micro_batch_s`` each), where TAG's strategies are simulated by
+symmetry class (``evaluation_s`` each): one pipeline can cost as much as dozens of TAG's
+strategies. So the pipelines get at most a fifth of the search's simulation time, counted
+with those two estimates and the seconds cutting the layouts took (``cut_s``; all fixed
+for a job, so a seed and an iteration budget still give the same search): past it, the
+root sends the search through TAG's decisions until they have caught up
+(:meth:`LayoutBranches.may_simulate`). Without the share, a 30 s plan of
+the Transformer on `cloud` spent most of its budget on pipelines and ended at 649 ms,
+where TAG's decisions alone reach 168 ms. The share does not hold while nothing TAG's
+decisions found fits in memory: there a pipeline may be the only plan. A branch whose
+every pipeline would end after the search's deadline is closed, not simulated.
 
 Keys: a pipelined strategy's key (in the search's score table and in
 :attr:`~.mcts.SearchOutcome.actions`) is ``(-1 - layout, micro-batch choice, sync choice
@@ -59,6 +68,7 @@ __all__ = [
 
 SYNC_CHOICES = (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS)
 _FLAT_PRIOR = 0.75  # the root's prior on TAG's per-group decisions
+_PIPELINE_SHARE = 0.2  # of the search's simulation time, at most
 
 
 def is_pipelined_key(key: Sequence[int]) -> bool:
@@ -68,8 +78,10 @@ def is_pipelined_key(key: Sequence[int]) -> bool:
 
 class LayoutBranches:
     """The pipelined branches of one search: ``layouts`` with their compute bounds
-    (``bound_s[k][i]`` at layout ``k``'s ``i``-th micro-batch count) and the per-GPU
-    simulation's seconds per micro-batch (``micro_batch_s``)."""
+    (``bound_s[k][i]`` at layout ``k``'s ``i``-th micro-batch count), the per-GPU
+    simulation's seconds per micro-batch (``micro_batch_s``), the seconds of one
+    simulation of TAG's strategies (``evaluation_s``) and those cutting the layouts took
+    (``cut_s``)."""
 
     def __init__(
         self,
@@ -80,6 +92,8 @@ class LayoutBranches:
         *,
         bound_s: Sequence[Sequence[float]],
         micro_batch_s: float,
+        evaluation_s: float,
+        cut_s: float = 0.0,
     ) -> None:
         if not layouts or [len(b) for b in bound_s] != [len(x.micro_batches) for x in layouts]:
             raise InvalidInput("layout branches need layouts, a compute bound per micro-batches")
@@ -87,7 +101,8 @@ class LayoutBranches:
         self.layouts = tuple(layouts)
         self.device_speed = device_speed
         self.bound_s = tuple(tuple(float(b) for b in bounds) for bounds in bound_s)
-        self.micro_batch_s = micro_batch_s
+        self.micro_batch_s, self.evaluation_s = micro_batch_s, evaluation_s
+        self.cut_s = cut_s
 
     def __len__(self) -> int:
         return len(self.layouts)
@@ -115,6 +130,18 @@ class LayoutBranches:
     def strategy(self, key: Sequence[int]) -> Strategy:
         layout, micro_batches, sync = self._parts(key)
         return layout.strategy(self.ir, self.cluster, self.device_speed, micro_batches, sync)
+
+    def cost_s(self, key: Sequence[int]) -> float:
+        """The estimated seconds to simulate ``key``'s strategy, pipelined or not."""
+        if not is_pipelined_key(key):
+            return self.evaluation_s
+        return self.micro_batch_s * self._parts(key)[1]
+
+    @staticmethod
+    def may_simulate(pipelines_s: float, tag_s: float) -> bool:
+        """Whether the pipelines' estimated simulation seconds so far (``pipelines_s``)
+        are within their share of all of them (``tag_s``: TAG's strategies')."""
+        return pipelines_s <= _PIPELINE_SHARE * (pipelines_s + tag_s)
 
     def least(self, layout: int, decided: Sequence[int]) -> tuple[float, float]:
         """The least compute bound and the least expected seconds to simulate among the

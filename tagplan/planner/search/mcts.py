@@ -16,19 +16,22 @@ Each iteration
 3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``;
 4. **backs up** the reward along the path (N and the running mean Q).
 
-With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the
-root decides the layout first: TAG's per-group decisions as above, or one of the
-pipeline layouts, below which the tree decides the micro-batches and each stage's
-gradient synchronization (:mod:`.layout_branches`). That root weighs its edges by the
-**best** reward found below each, not the mean: its branches are whole families of
-strategies of different spread (TAG's tree holds thousands of strategies, most of them
-poor; a layout a few dozen, all alike), and what a plan keeps is the best of a branch.
-An unvisited layout scores as the reference (reward 1), so the pipelines are tried when
-TAG's decisions have not beaten the reference yet or once the exploration term says so.
-A branch of pipelines is not simulated, and its edge is closed, when the time left
-cannot simulate any of them or each one's busiest GPU computes no less than the best
-step that fits so far (none can win: :meth:`~.layout_branches.LayoutBranches.least`); a
-vertex whose edges are all closed closes its own.
+With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the root
+decides the layout first: TAG's per-group decisions as above, or one of the pipeline
+layouts, below which the tree decides the micro-batches and each stage's gradient
+synchronization (:mod:`.layout_branches`). That root weighs its edges by the **best**
+reward found below each, not the mean: its branches are whole families of strategies of
+different spread (TAG's tree holds thousands of strategies, most of them poor; a layout
+a few dozen, all alike), and what a plan keeps is the best of a branch. An unvisited
+layout scores as the reference (reward 1), so the pipelines are tried when TAG's
+decisions have not beaten the reference yet or once the exploration term says so. The
+pipelines get at most a share of the simulation time while TAG's decisions have a plan
+that fits (:meth:`~.layout_branches.LayoutBranches.may_simulate`): past it, the root
+holds their edges. A branch of pipelines is not simulated, and its edge is closed, when
+the time left cannot simulate any of them or each one's busiest GPU computes no less
+than the best step that fits so far (none can win:
+:meth:`~.layout_branches.LayoutBranches.least`); a vertex whose edges are all closed
+closes its own.
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Search stops at an
@@ -209,7 +212,8 @@ class _Vertex:
         self.tie_break = tie_break
         self.closed = np.zeros(len(prior), dtype=bool)
 
-    def select(self, c_puct: float) -> int:
+    def select(self, c_puct: float, held: np.ndarray | None = None) -> int:
+        """The edge of highest score among those neither closed nor ``held``."""
         total = self.visits.sum()
         if self.by_best:  # on the scale of the best reward so far, as the prior's term is
             scale = max(float(self.best.max()), _REFERENCE_REWARD)
@@ -218,7 +222,8 @@ class _Vertex:
             mean = self.reward_sum.sum() / total if total else 0.0
             q = np.where(self.visits > 0, self.reward_sum / np.maximum(self.visits, 1), mean)
         u = q + c_puct * self.prior * math.sqrt(max(total, 1)) / (1 + self.visits)
-        return int(np.argmax(np.where(self.closed, -np.inf, u + self.tie_break)))
+        barred = self.closed if held is None else self.closed | held
+        return int(np.argmax(np.where(barred, -np.inf, u + self.tie_break)))
 
 
 class StrategySearch:
@@ -371,6 +376,15 @@ class StrategySearch:
         best = None if best_key is None else self._scores[best_key]
         return best is not None and not best.oom and bound_s >= best.step_time_s
 
+    def _pipelines_may_run(
+        self, spent_s: dict[bool, float], flat_best: tuple[int, ...] | None
+    ) -> bool:
+        """Within the pipelines' share of the simulation time, or nothing of TAG's fits."""
+        assert self.layouts is not None
+        if flat_best is None or self._scores[flat_best].oom:
+            return True
+        return self.layouts.may_simulate(spent_s[True], spent_s[False])
+
     @staticmethod
     def _close(path: Sequence[tuple[_Vertex, int]]) -> None:
         """Close the last edge of ``path``, and each edge above whose vertex is closed."""
@@ -438,6 +452,9 @@ class StrategySearch:
         first_better: int | None = None
         done = improved_at = flat_done = 0  # flat: iterations through TAG's decisions
         flat_best: tuple[int, ...] | None = None
+        cut_s = 0.0 if self.layouts is None else self.layouts.cut_s
+        spent_s = {True: cut_s, False: 0.0}  # estimated seconds: the pipelines', TAG's
+        held = np.arange(len(root.prior)) > 0  # the layouts, while over their share
         stop_reason = "budget"
         while True:
             if iterations is not None and done >= iterations:
@@ -456,8 +473,13 @@ class StrategySearch:
                 path, decided, child = [], [], root  # the incumbent: the tree is untouched
             else:
                 vertex, path, decided = root, [], []
+                hold = (
+                    self.layouts is not None
+                    and not root.closed[0]
+                    and not self._pipelines_may_run(spent_s, flat_best)
+                )
                 while True:
-                    action = vertex.select(self.c_puct)
+                    action = vertex.select(self.c_puct, held if hold and vertex is root else None)
                     path.append((vertex, action))
                     decided.append(action)
                     child = vertex.children.get(action)
@@ -468,6 +490,8 @@ class StrategySearch:
                 if self._not_worth_simulating(decided, key, deadline, best_key):
                     self._close(path)
                     continue
+                if self.layouts is not None and key not in self._scores:
+                    spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
                 scored = self.score(key)
             if child is None and len(decided) < self._depth(decided):
                 vertex.children[action] = self._expand(tuple(decided), scored.feedback)

@@ -37,7 +37,13 @@ def _branches(
         evaluator, pipeline_layouts(ir, cluster, evaluator.costs), speed, bar_s
     )
     branches = LayoutBranches(
-        ir, cluster, bounded.layouts, speed, bound_s=bounded.bound_s, micro_batch_s=micro_batch_s
+        ir,
+        cluster,
+        bounded.layouts,
+        speed,
+        bound_s=bounded.bound_s,
+        micro_batch_s=micro_batch_s,
+        evaluation_s=0.01,
     )
     return evaluator, branches
 
@@ -61,7 +67,8 @@ def test_a_key_completes_with_first_choices_and_names_its_micro_batches_and_sync
     assert stage_options == [SYNC_CHOICES[c] for c in (1, 0, 1, 0)]
     assert stage_options[0] == Option.REPLICATE_PS
     bound_s, cost_s = branches.least(four, key[1:])
-    assert cost_s == pytest.approx(0.25 * layout.micro_batches[-1])
+    assert cost_s == branches.cost_s(key) == pytest.approx(0.25 * layout.micro_batches[-1])
+    assert branches.cost_s((0, 1, 2)) == 0.01  # TAG's strategies: one evaluation
     assert bound_s == pytest.approx(evaluator.compute_bound_s(strategy))
     assert evaluator.evaluate(strategy).step_time_s >= bound_s
     # the whole layout: its least bound and its fewest micro-batches
@@ -133,6 +140,7 @@ def test_pipelines_too_slow_to_simulate_close_their_edges_and_are_never_simulate
     planner = _planner("small_cnn", gpus("V100-16GB", 4, 2))
     search = planner._search(0)
     search.layouts.micro_batch_s = 1e3  # no pipeline can be simulated in the budget
+    search.layouts.cut_s = 0.0  # nor held back by the share
     outcome = search.run(budget_s=3.0)
     assert not any(is_pipelined_key(k) for k in search._scores)
     root = search._root
@@ -151,6 +159,7 @@ def test_layouts_leave_tag_decisions_as_a_tree_without_them_searches_them() -> N
     alone = without.run(iterations=400, patience=20)
     planner = _planner("small_cnn", cluster)
     search = planner._search(0)
+    search.layouts.cut_s = 0.0  # the share as a ratio of fixed estimates only
     mixed = search.run(iterations=400 + len(search.layouts) * 50, patience=20)
     flat_keys = [k for k in search._scores if not is_pipelined_key(k)]
     assert flat_keys == list(without._scores)
@@ -184,3 +193,30 @@ def test_a_tree_whose_strategies_are_all_simulated_stops_as_exhausted() -> None:
     assert outcome.stop_reason == "exhausted"
     assert outcome.evaluations == len(search.space) ** groups
     assert outcome.step_time_s == min(s.step_time_s for s in search._scores.values())
+
+
+def test_pipelines_get_at_most_a_fifth_of_the_simulation_time_and_the_cut_counts() -> None:
+    """Estimated with the job's fixed figures: one pipeline of two micro-batches costs 200
+    of TAG's simulations here, so after the first one (allowed with nothing spent) the
+    root holds the layouts until TAG's strategies have had four times as long."""
+    assert LayoutBranches.may_simulate(0.0, 0.0)
+    assert LayoutBranches.may_simulate(1.0, 4.0) and not LayoutBranches.may_simulate(1.01, 4.0)
+    planner = _planner("small_cnn", gpus("V100-16GB", 4, 2))
+    search = planner._search(0)
+    search.layouts.micro_batch_s, search.layouts.evaluation_s = 1.0, 0.01
+    search.layouts.cut_s = 0.0
+    outcome = search.run(iterations=300)
+    assert not outcome.oom
+    tag = [k for k in search._scores if not is_pipelined_key(k)]
+    pipelined = [k for k in search._scores if is_pipelined_key(k)]
+    assert len(pipelined) == 1 and len(tag) * 0.01 < 4 * search.layouts.cost_s(pipelined[0])
+    # with the pipelines as cheap as TAG's strategies they take more of the iterations
+    cheap = planner._search(0)
+    cheap.layouts.micro_batch_s, cheap.layouts.evaluation_s = 0.001, 0.01
+    cheap.run(iterations=300)
+    assert sum(is_pipelined_key(k) for k in cheap._scores) > 1
+    # cutting the layouts counts as the pipelines' time: ten seconds of it hold them all
+    cut = planner._search(0)
+    cut.layouts.cut_s = 10.0
+    cut.run(iterations=300)
+    assert not any(is_pipelined_key(k) for k in cut._scores)
