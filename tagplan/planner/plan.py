@@ -81,7 +81,11 @@ from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
 from tagplan.planner.search.comm_bound import comm_bound
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops, grouping_of
-from tagplan.planner.search.layout_branches import LayoutBranches, bounded_layouts
+from tagplan.planner.search.layout_branches import (
+    PIPELINE_SHARE,
+    LayoutBranches,
+    bounded_layouts,
+)
 from tagplan.planner.search.lower_bound import lower_bound
 from tagplan.planner.search.mcts import (
     SearchOutcome,
@@ -368,24 +372,27 @@ class Planner:
         """tagplan's stage layouts as branches of the search (module docstring), bounded by
         the best baseline step that fits; ``None`` when pipelines are turned off, the
         allocation is one unit, or the search has no time to simulate a pipeline of two
-        micro-batches (cutting a large graph takes seconds)."""
+        micro-batches. Cutting a large graph takes a fraction of a second per layout: the
+        layouts are cut while the pipelines' share of the search's time lasts (all of it
+        when no baseline fits), and what the cut took counts against that share."""
         if not self.options.pipeline:
             return None
         self._enter("search")
-        if self.search_budget_s() < 2 * self.evaluation_s * self.per_gpu_factor:
+        search_s = self.search_budget_s()
+        if search_s < 2 * self.evaluation_s * self.per_gpu_factor:
             self._note_search("pipelines not cut: no time left in the budget")
             self.phases.leave()
             return None
         started = time.perf_counter()
-        layouts = pipeline_layouts(self.ir, self.cluster, self.evaluator.costs)
         fitting = [b.step_time_s for b in self.baselines.values() if not b.oom]
         bounded = bounded_layouts(
             self.evaluator,
-            layouts,
+            pipeline_layouts(self.ir, self.cluster, self.evaluator.costs),
             device_speed(self.ir, self.cluster, self.evaluator.costs),
             min(fitting, default=math.inf),
+            until=started + search_s * (PIPELINE_SHARE if fitting else 1.0),
         )
-        left_out = [
+        notes = [
             f"{n} {why}"
             for n, why in (
                 (bounded.ruled_out, "ruled out by their busiest GPU's compute"),
@@ -393,11 +400,12 @@ class Planner:
             )
             if n
         ]
-        if left_out:
-            pairs = sum(len(x.micro_batches) for x in layouts)
-            self._note_search(
-                f"of {pairs} pipelines (layout and micro-batches), " + ", ".join(left_out)
-            )
+        if notes:
+            notes = [f"pipelines (layout and micro-batches): {', '.join(notes)}"]
+        if not bounded.complete:
+            notes.append(f"{bounded.cut} layouts cut before the pipelines' share ran out")
+        if notes:
+            self._note_search("; ".join(notes))
         self.phases.leave()
         return self._branches(bounded.layouts, bounded.bound_s, time.perf_counter() - started)
 

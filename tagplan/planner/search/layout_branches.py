@@ -46,7 +46,9 @@ of each stage...)``; a negative first entry tells it from TAG's per-group keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -59,6 +61,7 @@ from tagplan.planner.strategy import Option, Strategy
 from tagplan.planner.topology import Cluster
 
 __all__ = [
+    "PIPELINE_SHARE",
     "SYNC_CHOICES",
     "BoundedLayouts",
     "LayoutBranches",
@@ -68,7 +71,7 @@ __all__ = [
 
 SYNC_CHOICES = (Option.REPLICATE_ALLREDUCE, Option.REPLICATE_PS)
 _FLAT_PRIOR = 0.75  # the root's prior on TAG's per-group decisions
-_PIPELINE_SHARE = 0.2  # of the search's simulation time, at most
+PIPELINE_SHARE = 0.2  # of the search's simulation time, at most
 
 
 def is_pipelined_key(key: Sequence[int]) -> bool:
@@ -141,7 +144,7 @@ class LayoutBranches:
     def may_simulate(pipelines_s: float, tag_s: float) -> bool:
         """Whether the pipelines' estimated simulation seconds so far (``pipelines_s``)
         are within their share of all of them (``tag_s``: TAG's strategies')."""
-        return pipelines_s <= _PIPELINE_SHARE * (pipelines_s + tag_s)
+        return pipelines_s <= PIPELINE_SHARE * (pipelines_s + tag_s)
 
     def least(self, layout: int, decided: Sequence[int]) -> tuple[float, float]:
         """The least compute bound and the least expected seconds to simulate among the
@@ -162,21 +165,34 @@ class BoundedLayouts:
     bound_s: list[list[float]]
     ruled_out: int  # bounded at or above the bar
     refused: int  # the graph cannot keep the micro-batches apart on that cut
+    cut: int  # layouts taken from the iterator
+    complete: bool  # whether the iterator ran out before the deadline
 
 
 def bounded_layouts(
     evaluator: Evaluator,
-    layouts: Sequence[StageLayout],
+    layouts: Iterable[StageLayout],
     device_speed: np.ndarray,
     bar_s: float,
+    *,
+    until: float = math.inf,
 ) -> BoundedLayouts:
     """``layouts`` with only the micro-batch counts whose compute bound (AllReduce in every
     stage; the bound does not depend on the synchronization) is below ``bar_s``, the best
-    step that fits so far; a layout left no count is dropped."""
+    step that fits so far; a layout left no count is dropped. No layout is taken from
+    ``layouts`` (an iterator cuts each as it is asked for) once ``time.perf_counter()``
+    has passed ``until``."""
     kept: list[StageLayout] = []
     bounds: list[list[float]] = []
-    ruled_out = refused = 0
-    for layout in layouts:
+    ruled_out = refused = cut = 0
+    complete = False
+    iterator = iter(layouts)
+    while time.perf_counter() <= until:
+        layout = next(iterator, None)
+        if layout is None:
+            complete = True
+            break
+        cut += 1
         counts: list[int] = []
         layout_bounds: list[float] = []
         for micro_batches in layout.micro_batches:
@@ -194,4 +210,4 @@ def bounded_layouts(
         if counts:
             kept.append(replace(layout, micro_batches=tuple(counts)))
             bounds.append(layout_bounds)
-    return BoundedLayouts(kept, bounds, ruled_out, refused)
+    return BoundedLayouts(kept, bounds, ruled_out, refused, cut, complete)

@@ -43,7 +43,7 @@ compute per stage, ``m = 4p``, 1F1B, AllReduce in every stage.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -435,15 +435,15 @@ class StageLayout:
         )
 
 
-def pipeline_layouts(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[StageLayout]:
-    """tagplan's stage layouts for this graph and cluster (module docstring); empty when
-    the graph's loss is unknown or the cluster has a single unit."""
+def pipeline_layouts(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Iterator[StageLayout]:
+    """tagplan's stage layouts for this graph and cluster (module docstring), cut one at a
+    time as they are asked for (cutting a large graph takes a fraction of a second per
+    layout); none when the graph's loss is unknown or the cluster has a single unit."""
     units = stage_units(cluster)
     if len(units) < 2 or ir.loss_op < 0:
-        return []
+        return
     speed = device_speed(ir, cluster, costs)
     op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
-    found: list[StageLayout] = []
     for label, stage_gpus in _layouts(units, speed):
         count = len(stage_gpus)
         shares = np.array([speed[gpus].sum() for gpus in stage_gpus])
@@ -456,8 +456,7 @@ def pipeline_layouts(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> list[
                 continue
             cuts.append(op_stage)
             name = f"pipeline-{label}{'' if by_layer else '-early'}"
-            found.append(StageLayout(name, tuple(stage_gpus), op_stage, micro_batches))
-    return found
+            yield StageLayout(name, tuple(stage_gpus), op_stage, micro_batches)
 
 
 def pipeline_baseline(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:

@@ -96,13 +96,20 @@ def test_micro_batch_counts_bounded_at_or_above_the_bar_are_left_out() -> None:
     middle = sorted(bounds)[len(bounds) // 2]
     ir = evaluator.ir
     speed = device_speed(ir, cluster, evaluator.costs)
-    layouts = pipeline_layouts(ir, cluster, evaluator.costs)
+    layouts = list(pipeline_layouts(ir, cluster, evaluator.costs))
     halved = bounded_layouts(evaluator, layouts, speed, middle)
     assert halved.ruled_out == sum(b >= middle for b in bounds) > 0
     assert all(b < middle for layout in halved.bound_s for b in layout)
     assert sum(len(x.micro_batches) for x in halved.layouts) == sum(b < middle for b in bounds)
     none = bounded_layouts(evaluator, layouts, speed, min(bounds))
     assert none.layouts == [] and none.ruled_out == len(bounds)
+    assert halved.complete and halved.cut == len(layouts)
+    # past the deadline no layout is cut: the iterator is not even asked
+    asked = []
+    late = bounded_layouts(
+        evaluator, (asked.append(x) or x for x in layouts), speed, math.inf, until=0.0
+    )
+    assert (late.layouts, late.cut, late.complete, asked) == ([], 0, False, [])
 
 
 def _planner(model: str, cluster: Cluster, **options) -> Planner:
