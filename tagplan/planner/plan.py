@@ -13,9 +13,11 @@
   the layout: TAG's per-group decisions or one of tagplan's pipelines
   (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds), below
   which it decides the micro-batches and each stage's gradient synchronization
-  (:mod:`~.search.layout_branches`); the layouts are cut once, after the baselines, and a
-  micro-batch count whose busiest GPU computes for longer than the best baseline step is
-  left out (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
+  (:mod:`~.search.layout_branches`; pipelines take at most a fifth of its simulation
+  time while a plan of TAG's fits); the layouts are cut once, after the baselines, while
+  that share of the search's budget lasts, and a micro-batch count whose busiest GPU
+  computes for longer than the best baseline step is left out
+  (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
   strategy and the fastest baseline (SFB can turn the order around);

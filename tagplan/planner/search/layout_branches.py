@@ -29,15 +29,15 @@ compute bound at their fewest micro-batches, so the one whose busiest GPU comput
 is tried first among them. **Cost.** A pipeline is simulated per GPU, its tasks growing
 with the micro-batches (``micro_batch_s`` each), where TAG's strategies are simulated by
 symmetry class (``evaluation_s`` each): one pipeline can cost as much as dozens of TAG's
-strategies. So the pipelines get at most a fifth of the search's simulation time, counted
-with those two estimates and the seconds cutting the layouts took (``cut_s``; all fixed
-for a job, so a seed and an iteration budget still give the same search): past it, the
-root sends the search through TAG's decisions until they have caught up
-(:meth:`LayoutBranches.may_simulate`). Without the share, a 30 s plan of
-the Transformer on `cloud` spent most of its budget on pipelines and ended at 649 ms,
-where TAG's decisions alone reach 168 ms. The share does not hold while nothing TAG's
-decisions found fits in memory: there a pipeline may be the only plan. A branch whose
-every pipeline would end after the search's deadline is closed, not simulated.
+strategies. So the pipelines get at most a fifth of the search's simulation time,
+counted with those two estimates and the seconds cutting the layouts took (``cut_s``;
+all fixed for a job, so a seed and an iteration budget still give the same search): past
+it, the root sends the search through TAG's decisions until they have caught up
+(:meth:`LayoutBranches.may_simulate`; docs/design.md §7 has the case that called for
+it). The share does not hold while nothing TAG's decisions found fits in memory: there a
+pipeline may be the only plan. A branch whose every pipeline would end after the
+search's deadline is closed, not simulated. The layouts themselves are cut one at a time
+while the share of the search's budget lasts (:func:`bounded_layouts`).
 
 Keys: a pipelined strategy's key (in the search's score table and in
 :attr:`~.mcts.SearchOutcome.actions`) is ``(-1 - layout, micro-batch choice, sync choice
