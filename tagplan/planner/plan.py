@@ -219,10 +219,10 @@ class Planner:
             )
             self.reference_step_s = self.baselines[REFERENCE].step_time_s
             self._lower_bound_s = prepared.get("lower_bound_s")
-            self.layouts = self._branches(
-                [StageLayout.from_dict(d) for d in prepared["layouts"]],
-                prepared["layout_bound_s"],
-                prepared["layout_cut_s"],
+            self.layouts = self._branches(  # a job prepared by an older planner: none
+                [StageLayout.from_dict(d) for d in prepared.get("layouts", [])],
+                prepared.get("layout_bound_s", []),
+                float(prepared.get("layout_cut_s", 0.0)),
             )
         else:
             self._enter("group")

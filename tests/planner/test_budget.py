@@ -127,6 +127,8 @@ def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
     assert second.layouts.cut_s == first.layouts.cut_s > 0
     for mine, theirs in zip(first.layouts.layouts, second.layouts.layouts, strict=True):
         assert mine.to_dict() == theirs.to_dict()
+    older = {k: v for k, v in prepared.items() if not k.startswith("layout")}
+    assert Planner(ir, cluster, options=options, prepared=older).layouts is None
     first_phases, second_phases = first.phases.reports, second.phases.reports
     assert "group" not in second_phases or second_phases["group"] == first_phases["group"]
     a, b = first.search_shard(0), second.search_shard(0)
