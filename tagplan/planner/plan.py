@@ -96,11 +96,7 @@ from tagplan.planner.search.mcts import (
     best_outcome,
     make_feasible,
 )
-from tagplan.planner.search.pipeline_stages import (
-    StageLayout,
-    device_speed,
-    pipeline_layouts,
-)
+from tagplan.planner.search.pipeline_stages import StageLayout, pipeline_layouts
 from tagplan.planner.search.prior import Prior, UniformPrior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.search.warm_start import start_actions
@@ -390,7 +386,7 @@ class Planner:
         bounded = bounded_layouts(
             self.evaluator,
             pipeline_layouts(self.ir, self.cluster, self.evaluator.costs),
-            device_speed(self.ir, self.cluster, self.evaluator.costs),
+            self.space.device_speed,
             min(fitting, default=math.inf),
             until=started + search_s * (PIPELINE_SHARE if fitting else 1.0),
         )
@@ -420,7 +416,7 @@ class Planner:
             self.ir,
             self.cluster,
             layouts,
-            device_speed(self.ir, self.cluster, self.evaluator.costs),
+            self.space.device_speed,  # the GPUs' speeds on the model, as the actions' shares
             bound_s=bound_s,
             micro_batch_s=self.evaluation_s * self.per_gpu_factor,
             evaluation_s=self.evaluation_s,
