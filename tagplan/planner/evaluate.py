@@ -97,16 +97,7 @@ class Evaluator:
         op_of = np.repeat(np.arange(self.ir.num_ops), np.diff(placement.inst_ptr))
         local = np.maximum(placement.inst_hi - placement.inst_lo, 1)
         device_type = self.cluster.device_type[placement.inst_device]
-        seconds = np.zeros(len(op_of))
-        # one code per (GPU type, rows) pair, the pairs present found without sorting
-        span = int(local.max(initial=0)) + 1
-        code = device_type.astype(np.int64) * span + local
-        present = np.zeros(self.cluster.num_types * span, dtype=bool)
-        present[code] = True
-        for pair in np.flatnonzero(present).tolist():
-            chosen = code == pair
-            gpu_type, rows = divmod(pair, span)
-            seconds[chosen] = self.costs.op_times(gpu_type, rows).seconds[op_of[chosen]]
+        seconds = self.costs.instance_times(op_of, device_type, local).seconds
         busy = np.bincount(
             placement.inst_device, weights=seconds, minlength=self.cluster.num_devices
         )

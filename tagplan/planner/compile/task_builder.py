@@ -101,18 +101,32 @@ class TaskBuilder:
         self.buffer_producer.append(producer)
         return len(self.buffer_device) - 1
 
+    def buffers(
+        self,
+        devices: Sequence[int],
+        nbytes: Sequence[int],
+        first_producer: int,
+        producer_offsets: Sequence[int],
+    ) -> int:
+        """Buffers ``i`` on ``devices[i]`` of ``nbytes[i]`` made by task ``first_producer
+        + producer_offsets[i]``, numbered consecutively; the first's number."""
+        first = len(self.buffer_device)
+        self.buffer_device.extend(devices)
+        self.buffer_bytes.extend(nbytes)
+        self.buffer_producer.extend(map(first_producer.__add__, producer_offsets))
+        return first
+
     def edge(self, pred: int, succ: int) -> None:
         self.edge_src.append(pred)
         self.edge_dst.append(succ)
 
-    def compute_tasks(
-        self, devices: list[int], seconds: list[float], group: int, names: list[str]
-    ) -> list[int]:
-        """Consecutive compute tasks, one per device; what :meth:`task` does for many."""
+    def compute_tasks(self, devices: list[int], group: int, names: list[str]) -> list[int]:
+        """Consecutive compute tasks, one per device, their seconds left at zero for the
+        caller to set; what :meth:`task` does for many."""
         count, first = len(devices), len(self.kind)
         self.kind.extend([COMPUTE] * count)
         self.device.extend(devices)
-        self.duration.extend(seconds)
+        self.duration.extend([0.0] * count)
         self.group.extend([group] * count)
         self.nbytes.extend([0] * count)
         self.latency.extend([0.0] * count)
@@ -125,6 +139,17 @@ class TaskBuilder:
         self.edge_src.extend([copy.task for copy in copies])
         self.edge_dst.extend(tasks)
         self.read_buffer.extend([copy.buffer for copy in copies])
+        self.read_task.extend(tasks)
+
+    def reads_range(
+        self, first_task: int, first_buffer: int, stride: int, tasks: list[int]
+    ) -> None:
+        """Each of ``tasks`` reads one buffer made by consecutive tasks from
+        ``first_task``: the ``i``-th reads buffer ``first_buffer + i * stride``."""
+        count = len(tasks)
+        self.edge_src.extend(range(first_task, first_task + count))
+        self.edge_dst.extend(tasks)
+        self.read_buffer.extend(range(first_buffer, first_buffer + count * stride, stride))
         self.read_task.extend(tasks)
 
     def read(self, copy: Piece, task: int) -> None:

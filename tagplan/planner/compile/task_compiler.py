@@ -21,8 +21,13 @@ ports and uplinks of every participant (:mod:`.links`: routes, shares, latency p
 
 A search compiles hundreds of strategies of one graph, so :class:`TaskCompiler` prepares
 what does not depend on the strategy once — the IR's adjacency and tensor sizes as Python
-lists, every path's links, op times per GPU and local batch, communication times per
-devices and bytes — and the loop over op instances touches only lists and dicts.
+lists, every path's links, communication times per devices and bytes — and the loop over
+op instances touches only lists and dicts. Neighbouring strategies place most ops alike,
+so what publishing an op's outputs adds is remembered across compiles by the op's rows.
+An op's outputs are published as blocks, not one copy per instance: a reader with the
+same rows (most of data parallelism) reads them as ranges, and any other rule first
+turns the block into the copies it looks up. Op times are set for every instance at once
+when the graph is built.
 
 Why one module: the rewrite rules share the per-compile state (copies of every tensor, the
 transfer cache, the collectives awaiting their sync mode); split, each part would take
@@ -68,6 +73,7 @@ from tagplan.planner.topology import Cluster
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
+_REMEMBERED_OUTPUTS = 200_000  # op placements whose outputs a compiler keeps
 _KIND_OF_AGGREGATION = {Aggregation.SUM: _SUM, Aggregation.MEAN: _MEAN, Aggregation.LOCAL: _LOCAL}
 
 
@@ -97,6 +103,50 @@ class _Collective(NamedTuple):
     members: tuple[int, ...]
     algorithm: str
     inputs: frozenset[int]  # the tasks it waits for
+
+
+_Rows = tuple[tuple[int, int, int], ...]  # (device, lo, hi) per instance
+
+
+class _Outputs(NamedTuple):
+    """What publishing the outputs of one op's instances adds, the same in every compile
+    where the op has the same rows, mode and class sizes (:meth:`TaskCompiler.outputs`):
+    a buffer per instance and output (``device``, ``nbytes``, the instance's index), and
+    per output the key (device, lo, hi) and kind of each instance's copy."""
+
+    device: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    instance: tuple[int, ...]
+    keys: tuple[_Rows, ...]
+    kinds: tuple[tuple[int, ...], ...]
+    whole: tuple[bool, ...]  # keys all different, every copy whole or a slice
+    summed: tuple[bool, ...]  # keys all different, every copy a partial sum
+
+
+class _Block(NamedTuple):
+    """One output of an op whose instances run consecutive tasks, published without its
+    copies: instance ``i``'s copy holds rows ``keys[i]`` (device, lo, hi) of kind
+    ``kinds[i]``, made by task ``first_task + i`` into buffer ``first_buffer + i *
+    stride``. A reader with the same rows reads them as ranges; any other rule first
+    turns the block into the copies :meth:`_TaskGraphCompilation._publish` describes
+    (:meth:`~_TaskGraphCompilation._materialize`)."""
+
+    first_task: int
+    first_buffer: int
+    stride: int
+    keys: _Rows
+    kinds: tuple[int, ...]
+    whole: bool
+    summed: bool
+
+    def reads_as(self, keys: _Rows, partial: bool) -> bool:
+        """Whether a reader looking up ``keys`` (one per instance) finds instance ``i``'s
+        copy at key ``i``: the same keys, no two alike (the first copy of a key wins),
+        all whole copies or slices (``partial``: all partial sums)."""
+        return (self.summed if partial else self.whole) and self.keys == keys
+
+
+_Ready = list[_Copy] | _Block  # the copies every instance of an op reads, in order
 
 
 @dataclass(eq=False)
@@ -189,7 +239,7 @@ class TaskCompiler:
         ).tolist()
         self.links = LinkLayout(cluster)
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
-        self._op_times: dict[tuple[int, int], tuple[list[float], list[bool]]] = {}
+        self._outputs: dict[tuple, _Outputs] = {}
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
 
@@ -210,6 +260,66 @@ class TaskCompiler:
                         pass
             return _TaskGraphCompilation(self, resolved, placement).compile()
 
+    def outputs(
+        self,
+        op: int,
+        rows: _Rows,
+        split: bool,
+        members: list[int],
+        members_key: bytes | None,
+    ) -> _Outputs:
+        """The buffers and copies that publishing ``op``'s instances at ``rows`` makes
+        (a split op's rows shared by each class's ``members``), remembered across
+        compiles by rows, mode and class sizes (``members_key``): neighbouring strategies
+        of a search place most ops alike."""
+        key = (op, rows, split, members_key)
+        found = self._outputs.get(key)
+        if found is not None:
+            return found
+        batch, kinds = self.ir.batch_size, self.tensor_split_kind
+        tensors = self.op_outputs[op]
+        device, nbytes, instance = [], [], []
+        keys: list[list[tuple[int, int, int]]] = [[] for _ in tensors]
+        copy_kinds: list[list[int]] = [[] for _ in tensors]
+        for i, (gpu, lo, hi) in enumerate(rows):
+            share = members[gpu] if split else 1
+            for tensor, its_keys, its_kinds in zip(tensors, keys, copy_kinds, strict=True):
+                split_kind = kinds[tensor] if split else _FULL
+                full_rows = split_kind == _FULL or (
+                    split_kind == _SLICE and (hi - lo) // share == batch
+                )
+                kind, lo_t, hi_t = (_FULL, 0, batch) if full_rows else (split_kind, lo, hi)
+                device.append(gpu)
+                nbytes.append(self.rows_bytes(tensor, lo_t, hi_t, share, memory=True))
+                instance.append(i)
+                its_keys.append((gpu, lo_t, hi_t))
+                its_kinds.append(kind)
+        distinct = [len(set(k)) == len(k) for k in keys]
+        whole = [set(ks) <= {_FULL, _SLICE} for ks in copy_kinds]
+        summed = [set(ks) == {_SUM} for ks in copy_kinds]
+        # tuples of numbers only: the garbage collector stops tracking them
+        found = _Outputs(
+            tuple(device),
+            tuple(nbytes),
+            tuple(instance),
+            tuple(map(tuple, keys)),
+            tuple(map(tuple, copy_kinds)),
+            tuple(d and w for d, w in zip(distinct, whole, strict=True)),
+            tuple(d and s for d, s in zip(distinct, summed, strict=True)),
+        )
+        if len(self._outputs) >= _REMEMBERED_OUTPUTS:
+            self._outputs.clear()
+        self._outputs[key] = found
+        return found
+
+    def rows_bytes(self, tensor: int, lo: int, hi: int, members: int, *, memory: bool) -> int:
+        """Bytes of rows ``[lo, hi)`` of ``tensor``, held by each of ``members`` GPUs in
+        equal shares (the whole tensor when it carries no batch)."""
+        full = (self.tensor_memory_bytes if memory else self.tensor_bytes)[tensor]
+        if not self.tensor_carries[tensor]:
+            return full
+        return round(full * ((hi - lo) // members) / self.ir.batch_size)
+
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
         names = self._instance_names[op]
@@ -218,15 +328,6 @@ class TaskCompiler:
         return names[first : first + count]
 
     # times -----------------------------------------------------------------------------------
-    def op_times(self, device: int, local_batch: int) -> tuple[list[float], list[bool]]:
-        """Seconds and measured flags of every op on ``device`` at ``local_batch``."""
-        key = (device, local_batch)
-        found = self._op_times.get(key)
-        if found is None:
-            times = self.costs.op_times(self.device_type[device], local_batch)
-            found = self._op_times[key] = (times.seconds.tolist(), times.measured.tolist())
-        return found
-
     def aux_seconds(self, device: int, nbytes: int) -> float:
         """A memory-bound auxiliary op (Split/Concat/AddN) moving ``nbytes``."""
         return self.aux_launch_s + nbytes / self.aux_bytes_per_s[device]
@@ -265,6 +366,7 @@ class _TaskGraphCompilation:
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
         self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
+        self.members_key = None if symmetry is None else symmetry.members.tobytes()
         self.transfer_flows: dict[int, int] = {}  # transfers standing for several flows
         self.op_group = resolved.op_group.tolist()
         self.op_split = (placement.op_mode == Mode.SPLIT).tolist()
@@ -282,8 +384,9 @@ class _TaskGraphCompilation:
         self.partials: dict[tuple[int, int, int, int], _Copy] = {}  # partial sums, same key
         # per-replica values (batch statistics, shapes) by tensor, then device
         self.replica_values: dict[int, dict[int, list[_Copy]]] = {}
-        self.compute_s = 0.0
-        self.measured_s = 0.0
+        self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
+        self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
+        self.routes: dict[tuple[int, ...], Route] = {}  # by ring
         self.collectives: list[_Collective] = []
 
     # tensors -----------------------------------------------------------------------------
@@ -292,11 +395,7 @@ class _TaskGraphCompilation:
     ) -> int:
         """Bytes of rows ``[lo, hi)`` of ``tensor``, held by each of ``members`` GPUs in
         equal shares."""
-        fixed = self.fixed
-        full = (fixed.tensor_memory_bytes if memory else fixed.tensor_bytes)[tensor]
-        if not fixed.tensor_carries[tensor]:
-            return full
-        return round(full * ((hi - lo) // members) / self.batch)
+        return self.fixed.rows_bytes(tensor, lo, hi, members, memory=memory)
 
     def _piece_members(self, copy: _Copy) -> int:
         """How many GPUs share the rows of ``copy`` (1 for a whole tensor)."""
@@ -516,11 +615,22 @@ class _TaskGraphCompilation:
 
     def _ring_members(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The GPUs of a ring over ``members`` (representatives stand for their class)."""
-        return members if self.symmetry is None else self.symmetry.expand(members)
+        if self.symmetry is None:
+            return members
+        ring = self.rings.get(members)
+        if ring is None:
+            ring = self.rings[members] = self.symmetry.expand(members)
+        return ring
 
     def _ring_route(self, ring: tuple[int, ...]) -> Route:
         """The ring's route with each GPU's ports as its representative's: every member's
         port carries the ring once, as the representative's does."""
+        route = self.routes.get(ring)
+        if route is None:
+            route = self.routes[ring] = self._quotient_route(ring)
+        return route
+
+    def _quotient_route(self, ring: tuple[int, ...]) -> Route:
         route = self.fixed.links.ring(ring)
         if self.symmetry is None:
             return route
@@ -638,31 +748,34 @@ class _TaskGraphCompilation:
 
     # ops ---------------------------------------------------------------------------------
     def _compute(self, op: int, instances: range) -> list[int]:
-        """Consecutive compute tasks for ``instances`` of ``op``, each timed for its GPU
-        and local batch."""
+        """Consecutive compute tasks for ``instances`` of ``op``; their seconds are set
+        for every instance at once when the graph is built (:meth:`_compute_seconds`)."""
         fixed, start, stop = self.fixed, instances.start, instances.stop
-        devices = self.inst_device[start:stop]
-        rows = zip(devices, self.inst_lo[start:stop], self.inst_hi[start:stop], strict=True)
-        durations = []
-        compute_s, measured_s = self.compute_s, self.measured_s  # summed in instance order
-        members = self.members if self.op_split[op] else None
-        for device, lo, hi in rows:
-            share = 1 if members is None else members[device]
-            seconds, measured = fixed.op_times(device, max((hi - lo) // share, 1))
-            durations.append(seconds[op])
-            copies = self.members[device]  # the tasks this one stands for
-            compute_s += seconds[op] * copies
-            measured_s += seconds[op] * copies if measured[op] else 0.0
-        self.compute_s, self.measured_s = compute_s, measured_s
         names = fixed.instance_names(op, start - self.inst_ptr[op], len(instances))
-        tasks = self.out.compute_tasks(devices, durations, self.op_group[op], names)
+        tasks = self.out.compute_tasks(self.inst_device[start:stop], self.op_group[op], names)
         self.instance_task[start:stop] = tasks
         return tasks
 
-    def _rows(self, op: int) -> list[tuple[int, int, int]]:
+    def _compute_seconds(self, instance_task: np.ndarray, duration_s: np.ndarray) -> float:
+        """Set every instance's seconds, for its GPU type and local batch (a split op's
+        rows over its class's members), in ``duration_s``; the share of the compute time
+        summed over every GPU that comes from profiles."""
+        placement, members = self.placement, np.asarray(self.members, dtype=np.int64)
+        op_of = np.repeat(np.arange(self.fixed.ir.num_ops), np.diff(placement.inst_ptr))
+        copies = members[placement.inst_device]  # the GPUs each instance stands for
+        share = np.where(np.asarray(self.op_split, dtype=bool)[op_of], copies, 1)
+        local = np.maximum((placement.inst_hi - placement.inst_lo) // share, 1)
+        gpu_type = self.fixed.cluster.device_type[placement.inst_device]
+        times = self.fixed.costs.instance_times(op_of, gpu_type, local)
+        duration_s[instance_task] = times.seconds
+        total_s = float(times.seconds @ copies)
+        measured_s = float(times.seconds[times.measured] @ copies[times.measured])
+        return measured_s / total_s if total_s > 0 else 0.0
+
+    def _rows(self, op: int) -> _Rows:
         """``(device, lo, hi)`` of every instance of ``op``."""
         first, end = self.inst_ptr[op], self.inst_ptr[op + 1]
-        return list(
+        return tuple(
             zip(
                 self.inst_device[first:end],
                 self.inst_lo[first:end],
@@ -671,19 +784,34 @@ class _TaskGraphCompilation:
             )
         )
 
-    def _ready_inputs(self, op: int) -> list[list[_Copy]] | None:
-        """Per input of ``op``, the copy each instance reads, when every one is already on
-        its GPU (the common case: a layer reading its replica's activations and the local
-        mirror of a weight); ``None`` when some instance needs a transfer or an auxiliary
-        op. Only looks: :meth:`_inputs` gives the same copies when this finds them."""
-        cache, batch, rows = self.cache, self.batch, self._rows(op)
+    def _ready_inputs(self, op: int, rows: _Rows) -> list[_Ready | None]:
+        """Per input of ``op``, the copy each instance (at ``rows``) reads when every one
+        is already on its GPU (the common case: a layer reading its replica's activations
+        and the local mirror of a weight), or the block that holds them in the
+        instances' order; ``None`` for an input some instance needs a transfer or an
+        auxiliary op for. Only looks: the rules give the same copies when this finds them,
+        and compiling the op's instances adds copies of its other inputs alone."""
+        cache, batch, pending = self.cache, self.batch, self.pending
         split, carries = self.op_split[op], self.fixed.tensor_carries
         kinds = self.fixed.tensor_split_kind
-        ready = []
+        whole_keys = None
+        ready: list[_Ready | None] = []
         for tensor in self.fixed.op_inputs[op]:
-            if split and carries[tensor]:
+            by_rows = split and carries[tensor]
+            partial = not by_rows and self.op_adds_partials[op] and kinds[tensor] == _SUM
+            block = pending.get(tensor)
+            if block is not None:
+                if by_rows or partial:
+                    keys = rows
+                else:
+                    keys = whole_keys = whole_keys or tuple((d, 0, batch) for d, _, _ in rows)
+                if block.reads_as(keys, partial):
+                    ready.append(block)
+                    continue
+                self._materialize(tensor)
+            if by_rows:
                 copies = [cache.get((tensor, d, lo, hi)) for d, lo, hi in rows]
-            elif self.op_adds_partials[op] and kinds[tensor] == _SUM:
+            elif partial:
                 copies = [self.partials[(tensor, d, lo, hi)] for d, lo, hi in rows]
             elif tensor in self.replica_values:
                 copies = [
@@ -692,17 +820,18 @@ class _TaskGraphCompilation:
                 ]
             else:  # no per-replica values: what _same_replica would find is nothing
                 copies = [cache.get((tensor, d, 0, batch)) for d, _, _ in rows]
-            if None in copies:
-                return None
-            ready.append(copies)
+            ready.append(None if None in copies else copies)
         return ready
 
-    def _inputs(self, op: int, inst: int, task: int) -> None:
-        """Bring every input of one instance of ``op`` to it (TAG §4.3.1)."""
+    def _inputs(self, op: int, inst: int, task: int, ready: list[_Ready | None]) -> None:
+        """Bring the inputs of one instance of ``op`` that :meth:`_ready_inputs` found
+        no copy of to it (TAG §4.3.1)."""
         group, split, carries = self.op_group[op], self.op_split[op], self.fixed.tensor_carries
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         kinds = self.fixed.tensor_split_kind
-        for tensor in self.fixed.op_inputs[op]:
+        for tensor, found in zip(self.fixed.op_inputs[op], ready, strict=True):
+            if found is not None:
+                continue
             if split and carries[tensor]:
                 copy = self._slice(tensor, device, lo, hi, group, op)
             elif self.op_adds_partials[op] and kinds[tensor] == _SUM:  # placed where they are
@@ -713,53 +842,76 @@ class _TaskGraphCompilation:
                 )
             self.out.read(copy, task)
 
-    def _publish(self, op: int, instances: range, tasks: list[int]) -> None:
-        """Make the outputs of ``instances`` of ``op`` (run by ``tasks``) available to
-        their readers."""
-        fixed, batch, out, cache = self.fixed, self.batch, self.out, self.cache
-        split, start, stop = self.op_split[op], instances.start, instances.stop
-        kinds = fixed.tensor_split_kind
-        outputs = [(t, kinds[t] if split else _FULL) for t in fixed.op_outputs[op]]
-        rows = zip(
-            self.inst_device[start:stop],
-            self.inst_lo[start:stop],
-            self.inst_hi[start:stop],
-            tasks,
-            strict=True,
+    def _read_ready(self, ready: list[_Ready | None], tasks: list[int]) -> None:
+        """``tasks``, one per instance, read the copies :meth:`_ready_inputs` found."""
+        for found in ready:
+            if isinstance(found, _Block):
+                self.out.reads_range(found.first_task, found.first_buffer, found.stride, tasks)
+            elif found is not None:
+                self.out.reads(found, tasks)
+
+    def _publish(self, op: int, rows: _Rows, first_task: int) -> None:
+        """Make the outputs of the instances of ``op`` at ``rows`` (run by consecutive
+        tasks from ``first_task``) available to their readers, as blocks: a buffer per
+        instance and output now, the copies when a rule asks for them."""
+        outputs = self.fixed.outputs(op, rows, self.op_split[op], self.members, self.members_key)
+        first_buffer = self.out.buffers(
+            outputs.device, outputs.nbytes, first_task, outputs.instance
         )
-        members = self.members
-        for device, lo, hi, task in rows:
-            share = members[device] if split else 1
-            for tensor, split_kind in outputs:
-                full_rows = split_kind == _FULL or (
-                    split_kind == _SLICE and (hi - lo) // share == batch
-                )
-                kind, lo_t, hi_t = (_FULL, 0, batch) if full_rows else (split_kind, lo, hi)
-                nbytes = self._bytes(tensor, lo_t, hi_t, memory=True, members=share)
-                copy = _Copy(device, lo_t, hi_t, kind, task, out.buffer(device, nbytes, task))
-                self.copies[tensor].append(copy)
-                if kind in (_FULL, _SLICE):
-                    cache.setdefault((tensor, device, lo_t, hi_t), copy)
-                elif kind == _SUM:
-                    self.partials[(tensor, device, lo_t, hi_t)] = copy
-                else:  # per-replica values (_MEAN, _LOCAL)
-                    self.replica_values.setdefault(tensor, {}).setdefault(device, []).append(copy)
+        stride = len(outputs.keys)
+        for k, tensor in enumerate(self.fixed.op_outputs[op]):
+            self.pending[tensor] = _Block(
+                first_task,
+                first_buffer + k,
+                stride,
+                outputs.keys[k],
+                outputs.kinds[k],
+                outputs.whole[k],
+                outputs.summed[k],
+            )
+
+    def _materialize(self, tensor: int) -> None:
+        """The copies of ``tensor``'s block, as :meth:`_publish` describes them, recorded
+        where the rules look them up (nothing when it has none pending)."""
+        block = self.pending.pop(tensor, None)
+        if block is None:
+            return
+        cache, copies = self.cache, self.copies[tensor]
+        buffer, stride = block.first_buffer, block.stride
+        for task, ((device, lo, hi), kind) in enumerate(
+            zip(block.keys, block.kinds, strict=True), block.first_task
+        ):
+            copy = _Copy(device, lo, hi, kind, task, buffer)
+            buffer += stride
+            copies.append(copy)
+            if kind in (_FULL, _SLICE):
+                cache.setdefault((tensor, device, lo, hi), copy)
+            elif kind == _SUM:
+                self.partials[(tensor, device, lo, hi)] = copy
+            else:  # per-replica values (_MEAN, _LOCAL)
+                self.replica_values.setdefault(tensor, {}).setdefault(device, []).append(copy)
 
     def _op(self, op: int) -> None:
-        """Every instance of ``op``, in order, with the tasks that bring it its inputs."""
+        """Every instance of ``op``, in order, with the tasks that bring it its inputs
+        (the task graph keeps dependencies as a set: the order they are added in does not
+        matter)."""
         instances = range(self.inst_ptr[op], self.inst_ptr[op + 1])
-        ready = self._ready_inputs(op)
-        if ready is None:
-            for inst in instances:
-                one = range(inst, inst + 1)
-                tasks = self._compute(op, one)
-                self._inputs(op, inst, tasks[0])  # may add transfers, Split/Concat/AddN
-                self._publish(op, one, tasks)
+        rows = self._rows(op)
+        ready = self._ready_inputs(op, rows)
+        if None in ready:
+            tasks = []
+            for inst, one_row in zip(instances, rows, strict=True):
+                task = self._compute(op, range(inst, inst + 1))[0]
+                self._inputs(op, inst, task, ready)  # may add transfers, Split/Concat/AddN
+                self._publish(op, (one_row,), task)
+                for tensor in self.fixed.op_outputs[op]:
+                    self._materialize(tensor)  # the next instance's block would replace it
+                tasks.append(task)
+            self._read_ready(ready, tasks)
         else:  # nothing to add: the instances' tasks are consecutive
             tasks = self._compute(op, instances)
-            for copies in ready:
-                self.out.reads(copies, tasks)
-            self._publish(op, instances, tasks)
+            self._read_ready(ready, tasks)
+            self._publish(op, rows, tasks[0])
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance
@@ -840,7 +992,7 @@ class _TaskGraphCompilation:
             fixed.links.names,
             self._control_edges(instance_task),
         )
-        measured = self.measured_s / self.compute_s if self.compute_s > 0 else 0.0
+        measured = self._compute_seconds(instance_task, graph.task_duration_s)
         copies = None
         if self.symmetry is not None:  # a compute task stands for its class's members
             members = self.symmetry.members[np.maximum(graph.task_device, 0)]

@@ -244,6 +244,25 @@ class OpCostModel:
             np.inf,
         )
 
+    def instance_times(
+        self, op: np.ndarray, gpu_type: np.ndarray, local_batch: np.ndarray
+    ) -> OpTimes:
+        """:meth:`op_times` of many op instances at once: entry ``i`` is op ``op[i]`` on
+        type ``gpu_type[i]`` with ``local_batch[i]`` examples. Looks each (type, batch)
+        pair present up once, finding the pairs without sorting."""
+        seconds = np.zeros(len(op))
+        measured = np.zeros(len(op), dtype=bool)
+        span = int(local_batch.max(initial=0)) + 1
+        code = gpu_type.astype(np.int64) * span + local_batch
+        present = np.zeros(self.cluster.num_types * span, dtype=bool)
+        present[code] = True
+        for pair in np.flatnonzero(present).tolist():
+            chosen = code == pair
+            times = self.op_times(*divmod(pair, span))
+            seconds[chosen] = times.seconds[op[chosen]]
+            measured[chosen] = times.measured[op[chosen]]
+        return OpTimes(seconds=seconds, measured=measured)
+
     def op_times(self, gpu_type: int, local_batch: int) -> OpTimes:
         """Seconds per op on type index ``gpu_type`` with ``local_batch`` examples on this
         replica; a profile of the type's name wins over the estimate."""

@@ -9,6 +9,7 @@ import pytest
 
 from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.symmetry import symmetry_classes
+from tagplan.planner.compile.task_compiler import TaskCompiler
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
@@ -65,13 +66,9 @@ def _same(evaluator: Evaluator, strategy: Strategy) -> bool:
     return by_class.compiled.symmetry is not None
 
 
-@pytest.mark.parametrize("model", ["mlp", "small_cnn"])
-@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
-def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -> None:
-    ir = _zoo(model)
-    cluster = CLUSTERS[cluster_name]()
-    evaluator = Evaluator(ir, cluster)
-    costs = evaluator.costs
+def _strategies(evaluator: Evaluator) -> list[Strategy]:
+    """The baselines, every option over spread action sets, random mixes, two with SFB."""
+    ir, cluster, costs = evaluator.ir, evaluator.cluster, evaluator.costs
     strategies = [baseline_strategy(name, ir, cluster, costs) for name in BASELINES]
     space = ActionSpace(ir, cluster, costs)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=6)
@@ -88,10 +85,35 @@ def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -
         strategies.append(
             search.strategy_of(tuple(rng.integers(len(space.actions), size=n).tolist()))
         )
-    strategies += [apply_sfb(s, ir, cluster, costs)[0] for s in strategies[1:3]]
-    by_class = [_same(evaluator, strategy) for strategy in strategies]
+    return strategies + [apply_sfb(s, ir, cluster, costs)[0] for s in strategies[1:3]]
+
+
+@pytest.mark.parametrize("model", ["mlp", "small_cnn"])
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -> None:
+    evaluator = Evaluator(_zoo(model), CLUSTERS[cluster_name]())
+    by_class = [_same(evaluator, strategy) for strategy in _strategies(evaluator)]
     # data parallelism over device groups of several GPUs is what classes are for
     assert by_class[BASELINES.index("dp-nccl")] and by_class[BASELINES.index("horovod")]
+
+
+@pytest.mark.parametrize("cluster_name", ["mixed", "random:4"])
+def test_a_compiler_remembers_nothing_that_changes_a_graph(cluster_name: str) -> None:
+    """What a compiler keeps between compiles (the outputs of ops placed alike) gives each
+    strategy, by class and per GPU, the task graph a new compiler gives it."""
+    evaluator = Evaluator(_zoo("small_cnn"), CLUSTERS[cluster_name]())
+    resolved = [
+        resolve(strategy, evaluator.ir, evaluator.cluster) for strategy in _strategies(evaluator)
+    ]
+    for by_class in (True, False):
+        for strategy in resolved:
+            kept = evaluator.compiler.compile(strategy, by_class=by_class).task_graph
+            new = TaskCompiler(evaluator.ir, evaluator.cluster, costs=evaluator.costs)
+            fresh = new.compile(strategy, by_class=by_class).task_graph
+            for name, value in vars(fresh).items():
+                if isinstance(value, np.ndarray):
+                    np.testing.assert_array_equal(getattr(kept, name), value, err_msg=name)
+            assert kept.task_names == fresh.task_names
 
 
 def test_resnet_data_parallel_on_64_gpus_alike_with_a_seventh_of_the_tasks() -> None:

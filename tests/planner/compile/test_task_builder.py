@@ -25,7 +25,7 @@ def test_repeated_edges_and_reads_are_kept_once_in_ascending_order() -> None:
     out.read(_Piece(a, buffer), send)
     out.read(_Piece(a, buffer), send)  # a second read of the same buffer by the same task
     out.edge(b, send)
-    tasks = out.compute_tasks([0, 1], [3.0, 4.0], 1, ["c/replica_0", "c/replica_1"])
+    tasks = out.compute_tasks([0, 1], 1, ["c/replica_0", "c/replica_1"])
     assert tasks == [3, 4]
     out.reads([_Piece(a, buffer), _Piece(a, buffer)], tasks)
     extra = (np.array([b, a]), np.array([4, 4]))
@@ -37,6 +37,32 @@ def test_repeated_edges_and_reads_are_kept_once_in_ascending_order() -> None:
     assert successors == [[2, 3, 4], [2, 4], [], [], []]
     assert graph.consumer_task.tolist() == [2, 3, 4]
     assert graph.link_index[graph.link_ptr[2] : graph.link_ptr[3]].tolist() == [0, 3]
-    assert graph.task_duration_s.tolist() == [1.0, 2.0, 0.5, 3.0, 4.0]
+    assert graph.task_duration_s.tolist() == [1.0, 2.0, 0.5, 0.0, 0.0]  # the caller sets them
     assert graph.task_group.tolist() == [0, 0, 0, 1, 1]
     assert graph.task_names == ("a", "b", "send", "c/replica_0", "c/replica_1")
+
+
+def test_range_reads_and_buffers_are_what_one_at_a_time_gives() -> None:
+    """``buffers`` and ``reads_range`` add what ``buffer`` and ``read`` add one by one."""
+    ranged, single = TaskBuilder(num_devices=2), TaskBuilder(num_devices=2)
+    for out in (ranged, single):
+        for device in (0, 1, 0):
+            out.task(COMPUTE, device, 1.0, 0, f"producer on {device}")
+        out.compute_tasks([0, 1, 0], 1, ["r0", "r1", "r2"])
+    # two outputs per producer: instance i's k-th output is buffer 2 i + k
+    assert ranged.buffers([0, 0, 1, 1, 0, 0], [8, 4, 8, 4, 8, 4], 0, [0, 0, 1, 1, 2, 2]) == 0
+    ranged.reads_range(0, 1, 2, [3, 4, 5])  # the second output of each producer
+    for i, device in enumerate((0, 1, 0)):
+        single.buffer(device, 8, i)
+        single.buffer(device, 4, i)
+    for i, reader in enumerate((3, 4, 5)):
+        single.read(_Piece(i, 2 * i + 1), reader)
+    graphs = [
+        out.build(np.zeros(2, dtype=np.int64), 0, ["g0", "g1"], [], (np.zeros(0), np.zeros(0)))
+        for out in (ranged, single)
+    ]
+    for name in ("succ_ptr", "succ_index", "buffer_device", "buffer_bytes", "buffer_producer"):
+        np.testing.assert_array_equal(getattr(graphs[0], name), getattr(graphs[1], name))
+    np.testing.assert_array_equal(graphs[0].consumer_task, graphs[1].consumer_task)
+    assert graphs[0].consumer_ptr.tolist() == [0, 0, 1, 1, 2, 2, 3]
+    assert graphs[0].buffer_producer.tolist() == [0, 0, 1, 1, 2, 2]

@@ -194,8 +194,8 @@ def test_pushes_to_a_parameter_server_contend_for_its_network_link(ir) -> None:
 
 
 def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cluster) -> None:
-    """TaskCompiler remembers op and communication times between strategies: compiling
-    several in a row must give the graphs each gives on its own."""
+    """TaskCompiler remembers communication times and op outputs between strategies:
+    compiling several in a row must give the graphs each gives on its own."""
     decisions = [
         GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_PS, ps_device="b/GPU:0"),
         GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE),
@@ -211,6 +211,26 @@ def test_a_compiler_reused_across_strategies_gives_what_a_fresh_one_gives(ir, cl
         for name in ("task_kind", "task_duration_s", "succ_ptr", "succ_index", "consumer_task"):
             assert np.array_equal(getattr(mine, name), getattr(fresh, name))
         assert mine.task_names == fresh.task_names
+
+
+def test_remembered_outputs_follow_the_mode_and_the_class_sizes(ir, cluster) -> None:
+    """The outputs an op's placement publishes are remembered by its rows, its mode and
+    the class sizes: the same rows split or not, or shared by a class of two, publish
+    other copies."""
+    compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
+    y, dw = ir.op_names.index("y"), ir.op_names.index("dw")
+    rows = ((0, 0, BATCH),)
+    alone, per_gpu = [1, 1, 1, 1], None
+    pair = [2, 1, 1, 1]
+    pair_key = np.array(pair, dtype=np.int32).tobytes()
+    # a whole batch on one GPU: a slice of every row is the whole tensor
+    assert compiler.outputs(y, rows, True, alone, per_gpu).kinds == ((0,),)
+    halves = compiler.outputs(y, ((0, 0, BATCH),), True, pair, pair_key)
+    assert halves.kinds == ((1,),)  # each of the pair holds half the rows
+    assert halves.nbytes == (BATCH // 2 * UNITS * 4,)
+    assert compiler.outputs(y, rows, True, alone, per_gpu).nbytes == (BATCH * UNITS * 4,)
+    assert compiler.outputs(dw, rows, True, alone, per_gpu).kinds == ((2,),)  # partial sums
+    assert compiler.outputs(dw, rows, False, alone, per_gpu).kinds == ((0,),)  # the gradient
 
 
 def two_heads_graph() -> dict:
