@@ -112,10 +112,12 @@ def _grid_order(index: Tensor, sources: int, destinations: int) -> bool | None:
 
 
 def _per_head(module: GATv2Conv) -> Tensor:
-    """The (heads x channels) attention vectors as the block-diagonal (heads * channels x
-    heads) matrix whose product with an edge's hidden vector gives each head's dot
-    product: one matrix product instead of a broadcast product and a sum. Without
-    autograd (the search's inference) it is kept on the module until ``att`` changes."""
+    """The (heads x channels) attention vectors as the block-diagonal (heads x heads *
+    channels) matrix whose product with the edges' hidden vectors (as columns) gives each
+    head's dot product per edge: one matrix product with a wide result instead of a
+    broadcast product and a sum, or a product with as few columns as heads, which BLAS
+    runs several times slower. Without autograd (the search's inference) it is kept on
+    the module until ``att`` changes."""
     att = module.att
     key = (att.data_ptr(), att._version)
     cached = module.__dict__.get("_per_head")
@@ -123,7 +125,7 @@ def _per_head(module: GATv2Conv) -> Tensor:
         return cached[1]
     heads, channels = att.shape[1:]
     eye = torch.eye(heads, dtype=att.dtype)
-    matrix = (att[0].unsqueeze(2) * eye.unsqueeze(1)).reshape(heads * channels, heads)
+    matrix = (eye.unsqueeze(2) * att[0].unsqueeze(0)).reshape(heads, heads * channels)
     if not torch.is_grad_enabled():
         module.__dict__["_per_head"] = (key, matrix)
     return matrix
@@ -152,7 +154,7 @@ def hetero_gatv2(
         hidden += x_src
         hidden += _linear(module.lin_r, x[edge_type[2]]).index_select(0, dst)
         F.leaky_relu_(hidden, module.negative_slope)
-        logits.append(hidden @ _per_head(module))
+        logits.append((_per_head(module) @ hidden.t()).t())
         sources.append(x_src.view(len(src), module.heads, module.out_channels))
         bias[edge_type[2]] = bias[edge_type[2]] + module.bias
     first = next(iter(conv.convs.values()))
@@ -183,20 +185,21 @@ def _dense_gatv2(
     module: GATv2Conv, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, source_major: bool
 ) -> Tensor:
     """One GATv2 convolution over an edge type with an edge from every source to every
-    destination (:func:`_grid_order`): the sums and the softmax over a (destination x
-    source) array, with no per-edge gathers, and the messages as one product per head."""
+    destination (:func:`_grid_order`): the sums and the softmax over a (head x destination
+    x source) array, with no per-edge gathers, and the messages as one product per head."""
     heads, channels = module.heads, module.out_channels
+    sources, destinations = len(x_src), len(x_dst)
+    if source_major:  # the edges' features in destination-major order (a few columns)
+        edge_attr = edge_attr.view(sources, destinations, -1).transpose(0, 1)
+        edge_attr = edge_attr.reshape(sources * destinations, -1)
     left = _linear(module.lin_l, x_src)
-    hidden = _linear(module.lin_edge, edge_attr)
-    if source_major:
-        hidden = hidden.view(len(x_src), len(x_dst), -1).transpose(0, 1)
-    else:
-        hidden = hidden.view(len(x_dst), len(x_src), -1)
+    hidden = _linear(module.lin_edge, edge_attr).view(destinations, sources, -1)
     hidden += left.unsqueeze(0)
     hidden += _linear(module.lin_r, x_dst).unsqueeze(1)
     F.leaky_relu_(hidden, module.negative_slope)
-    alpha = torch.softmax(hidden @ _per_head(module), dim=1)  # destination, source, head
+    scores = _per_head(module) @ hidden.view(destinations * sources, -1).t()
+    alpha = torch.softmax(scores.view(heads, destinations, sources), dim=2)
     # one (destination x source) @ (source x channels) product per head
-    per_head = left.view(len(x_src), heads, channels).transpose(0, 1)
-    messages = torch.bmm(alpha.permute(2, 0, 1), per_head).transpose(0, 1)
-    return messages.reshape(len(x_dst), heads * channels) + module.bias
+    per_head = left.view(sources, heads, channels).transpose(0, 1)
+    messages = torch.bmm(alpha, per_head).transpose(0, 1)
+    return messages.reshape(destinations, heads * channels) + module.bias
