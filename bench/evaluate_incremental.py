@@ -14,14 +14,19 @@ code to print beside its own (``--before``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from bench.report import add_comparison_arguments, rows_before, write_section
+from bench.report import (
+    add_comparison_arguments,
+    before_note,
+    kept_for_later,
+    rows_before,
+    write_section,
+)
 from tagplan.planner.errors import PlannerError
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
@@ -121,21 +126,15 @@ def main() -> None:
                 line += f" {old['warm_s']:.3f} | {old['warm_s'] / row['warm_s']:.2f}x |"
             lines.append(line)
             print(line, flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    if kept_for_later(args, rows):
         return
-    compared = (
-        f" *{label}*: the same script run on that code just before on this machine "
-        "(`--json`), read back with `--before`."
-        if before
-        else ""
-    )
     body = "\n".join(
         [
             f"A walk of {args.steps} neighbouring strategies per row (one op group's action "
             "changed a step, from AllReduce over every device group), each evaluated "
             "(resolve, compile by class, simulate) by the evaluator that evaluated the walk "
-            "so far and by a new one: medians, one core, zoo batch sizes." + compared,
+            "so far and by a new one: medians, one core, zoo batch sizes."
+            + before_note(args, before),
             "",
             *lines,
         ]

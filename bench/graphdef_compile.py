@@ -10,12 +10,17 @@ beside its own (``--before``): the figures of other code, measured in the same s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
-from bench.report import add_comparison_arguments, rows_before, write_section
+from bench.report import (
+    add_comparison_arguments,
+    before_note,
+    kept_for_later,
+    rows_before,
+    write_section,
+)
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
@@ -83,15 +88,9 @@ def main() -> None:
                     line += f" {old['s']:.2f} | {old['s'] / row['s']:.2f}x |"
                 lines.append(line)
                 print(line, flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    if kept_for_later(args, rows):
         return
-    compared = (
-        f" *{label}*: the same script run on that code in the same session (`--json`), "
-        "read back with `--before`; the graphs are byte-identical."
-        if before
-        else ""
-    )
+    compared = before_note(args, before) + (" The graphs are byte-identical." if before else "")
     body = "\n".join(
         [
             "Seconds from a resolved strategy to the bytes of `distributed.pb` "

@@ -45,6 +45,24 @@ def rows_before(args: argparse.Namespace) -> dict[str, dict]:
     return {r["case"]: r for r in json.loads(args.before.read_text())} if args.before else {}
 
 
+def kept_for_later(args: argparse.Namespace, rows: list[dict]) -> bool:
+    """Write ``rows`` where ``--json`` asks (this code's run, for another's to print
+    beside its own); whether it did, in which case the run writes no section."""
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return args.json is not None
+
+
+def before_note(args: argparse.Namespace, before: dict[str, dict]) -> str:
+    """The sentence that says where the ``--before`` column comes from ("" without it)."""
+    if not before:
+        return ""
+    return (
+        f" *{args.before_label}*: the same script run on that code just before on this "
+        "machine (`--json`), read back with `--before`."
+    )
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
