@@ -231,7 +231,6 @@ class TaskCompiler:
         self.device_names = list(cluster.device_names)
         self.device_machine = cluster.device_machine.tolist()
         costs.check_cluster(cluster)
-        self.device_type = cluster.device_type.tolist()
         efficiency = costs.efficiency
         self.aux_launch_s = efficiency.launch_s
         self.aux_bytes_per_s = (

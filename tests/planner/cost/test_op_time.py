@@ -56,6 +56,27 @@ def test_profile_overrides_the_estimate_and_is_reported(model: OpCostModel) -> N
     assert measured.op_times(0, 12).seconds[y] == pytest.approx(0.375)  # interpolated
 
 
+def test_instance_times_are_each_instances_op_times() -> None:
+    """Many (op, type, local batch) entries at once give what op_times gives each one,
+    measured flags included."""
+    ir = analyze(graph_def(dense_graph(batch=8, features=4, units=3)))
+    y = ir.op_names.index("y")
+    profiles = InMemoryProfileSource()
+    profiles.add(ir.cost_keys[y], "slow", 2, 0.125)
+    fast = GpuTypeSpec(name="FAST", fp32_tflops=1e-2, memory_bandwidth_gb_per_s=10, memory_gib=1)
+    model = OpCostModel.for_gpu_types(ir, [SLOW, fast], profiles=profiles, efficiency=PLAIN)
+    rng = np.random.default_rng(0)
+    op = rng.integers(ir.num_ops, size=40)
+    gpu_type = rng.integers(2, size=40)
+    local = rng.choice([1, 2, 5, 8], size=40)
+    times = model.instance_times(op, gpu_type, local)
+    for i in range(40):
+        one = model.op_times(int(gpu_type[i]), int(local[i]))
+        assert times.seconds[i] == one.seconds[op[i]]
+        assert times.measured[i] == one.measured[op[i]]
+    assert times.measured.any()
+
+
 def test_unknown_gpu_type_lists_the_known_ones(model: OpCostModel) -> None:
     with pytest.raises(InvalidInput, match="known types: SLOW"):
         model.type_of("Z100")
