@@ -73,7 +73,7 @@ from tagplan.planner.topology import Cluster
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
-_REMEMBERED_OUTPUTS = 200_000  # op placements whose outputs a compiler keeps
+_REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler keeps
 _KIND_OF_AGGREGATION = {Aggregation.SUM: _SUM, Aggregation.MEAN: _MEAN, Aggregation.LOCAL: _LOCAL}
 
 
@@ -239,6 +239,7 @@ class TaskCompiler:
         self.links = LinkLayout(cluster)
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self._outputs: dict[tuple, _Outputs] = {}
+        self._remembered_instances = 0
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
 
@@ -280,7 +281,8 @@ class TaskCompiler:
         device, nbytes, instance = [], [], []
         keys: list[list[tuple[int, int, int]]] = [[] for _ in tensors]
         copy_kinds: list[list[int]] = [[] for _ in tensors]
-        for i, (gpu, lo, hi) in enumerate(rows):
+        for i, row in enumerate(rows):
+            gpu, lo, hi = row
             share = members[gpu] if split else 1
             for tensor, its_keys, its_kinds in zip(tensors, keys, copy_kinds, strict=True):
                 split_kind = kinds[tensor] if split else _FULL
@@ -291,7 +293,7 @@ class TaskCompiler:
                 device.append(gpu)
                 nbytes.append(self.rows_bytes(tensor, lo_t, hi_t, share, memory=True))
                 instance.append(i)
-                its_keys.append((gpu, lo_t, hi_t))
+                its_keys.append(row if lo_t == lo and hi_t == hi else (gpu, lo_t, hi_t))
                 its_kinds.append(kind)
         distinct = [len(set(k)) == len(k) for k in keys]
         whole = [set(ks) <= {_FULL, _SLICE} for ks in copy_kinds]
@@ -306,8 +308,10 @@ class TaskCompiler:
             tuple(d and w for d, w in zip(distinct, whole, strict=True)),
             tuple(d and s for d, s in zip(distinct, summed, strict=True)),
         )
-        if len(self._outputs) >= _REMEMBERED_OUTPUTS:
+        self._remembered_instances += len(rows)
+        if self._remembered_instances > _REMEMBERED_INSTANCES:  # bound what a search keeps
             self._outputs.clear()
+            self._remembered_instances = len(rows)
         self._outputs[key] = found
         return found
 
