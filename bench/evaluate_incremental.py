@@ -22,6 +22,7 @@ import numpy as np
 
 from bench.report import (
     add_comparison_arguments,
+    before_cells,
     before_note,
     kept_for_later,
     rows_before,
@@ -121,9 +122,7 @@ def main() -> None:
                 f"| {row['tasks']:,.0f} | {row['cold_s']:.3f} | {row['warm_s']:.3f} "
                 f"| {row['cold_s'] / row['warm_s']:.2f}x |"
             )
-            old = before.get(row["case"])
-            if old:
-                line += f" {old['warm_s']:.3f} | {old['warm_s'] / row['warm_s']:.2f}x |"
+            line += before_cells(before.get(row["case"]), "warm_s", row["warm_s"], 3)
             lines.append(line)
             print(line, flush=True)
     if kept_for_later(args, rows):

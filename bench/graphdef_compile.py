@@ -16,6 +16,7 @@ import time
 
 from bench.report import (
     add_comparison_arguments,
+    before_cells,
     before_note,
     kept_for_later,
     rows_before,
@@ -83,9 +84,7 @@ def main() -> None:
                     f"| {model} | {cluster} | {strategy} | {row['gpus']} | {row['nodes']:,} "
                     f"| {row['mib']:.1f} | {row['s']:.2f} | {row['s'] / row['nodes'] * 1e6:.1f} |"
                 )
-                old = before.get(row["case"])
-                if old:
-                    line += f" {old['s']:.2f} | {old['s'] / row['s']:.2f}x |"
+                line += before_cells(before.get(row["case"]), "s", row["s"], 2)
                 lines.append(line)
                 print(line, flush=True)
     if kept_for_later(args, rows):

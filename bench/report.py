@@ -63,6 +63,14 @@ def before_note(args: argparse.Namespace, before: dict[str, dict]) -> str:
     )
 
 
+def before_cells(old: dict | None, key: str, value: float, digits: int) -> str:
+    """A row's ``--before`` cells: the other code's ``key`` and its ratio to this code's
+    ``value`` ("" when the other code has no such row)."""
+    if not old:
+        return ""
+    return f" {old[key]:.{digits}f} | {old[key] / value:.2f}x |"
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

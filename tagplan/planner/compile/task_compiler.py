@@ -766,7 +766,7 @@ class _TaskGraphCompilation:
         placement, members = self.placement, np.asarray(self.members, dtype=np.int64)
         op_of = np.repeat(np.arange(self.fixed.ir.num_ops), np.diff(placement.inst_ptr))
         copies = members[placement.inst_device]  # the GPUs each instance stands for
-        share = np.where(np.asarray(self.op_split, dtype=bool)[op_of], copies, 1)
+        share = np.where(placement.op_mode[op_of] == Mode.SPLIT, copies, 1)
         local = np.maximum((placement.inst_hi - placement.inst_lo) // share, 1)
         gpu_type = self.fixed.cluster.device_type[placement.inst_device]
         times = self.fixed.costs.instance_times(op_of, gpu_type, local)
