@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import numpy as np
 import torch
 
-from bench.report import write_section
+from bench.report import (
+    add_comparison_arguments,
+    before_cells,
+    before_note,
+    kept_for_later,
+    rows_before,
+    write_section,
+)
 from tagplan.gnn import load_prior
 from tagplan.gnn.dataset import Case, search_for
 
@@ -50,6 +58,7 @@ def measure(model: str, cluster: str, iterations: int, repeats: int) -> dict:
     if gap > 1e-5:
         raise SystemExit(f"{model} on {cluster}: the two paths differ by {gap:.2e}")
     return {
+        "case": f"{model} {cluster}",
         "model": model,
         "cluster": cluster,
         "groups": search.grouping.num_groups,
@@ -67,6 +76,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+    add_comparison_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -74,16 +84,22 @@ def main() -> None:
         row = measure(model, cluster, args.iterations, args.repeats)
         print(row, flush=True)
         rows.append(row)
+    if kept_for_later(args, rows):
+        return
+    before, label = rows_before(args), args.before_label
+    extra = f" {label}, fused (ms) | {label} / this |" if before else ""
     lines = [
         "| model | cluster | op groups | device groups | actions | expansions "
-        "| HeteroConv (ms) | fused (ms) | speed-up | largest prior difference |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| HeteroConv (ms) | fused (ms) | speed-up | largest prior difference |{extra}",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        + " ---: | ---: |" * bool(before),
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['cluster']} | {r['groups']} | {r['device_groups']} "
             f"| {r['actions']} | {r['expansions']} | {r['reference_ms']:.2f} "
             f"| {r['fused_ms']:.2f} | {r['reference_ms'] / r['fused_ms']:.2f}x | {r['gap']:.1e} |"
+            + before_cells(before.get(r["case"]), "fused_ms", r["fused_ms"], 2)
         )
     body = "\n".join(
         [
@@ -94,7 +110,7 @@ def main() -> None:
             "edge type, the network as written; *fused*: the same layers computed over all "
             "edge types as one edge list, the op-group x device-group types as dense grids "
             "(`tagplan/gnn/hetero_attention.py`), what a search runs. Same weights; the "
-            "priors agree to the last column.",
+            "priors agree to the last column." + before_note(args, before),
             "",
             *lines,
         ]
@@ -103,8 +119,7 @@ def main() -> None:
         write_section(
             "gnn-latency",
             "GNN prior inference per expansion",
-            f"python -m bench.gnn_latency --iterations {args.iterations} "
-            f"--repeats {args.repeats} --write",
+            " ".join(["python -m bench.gnn_latency", *sys.argv[1:]]),
             body,
         )
 

@@ -149,7 +149,8 @@ class StaticGraph:
     act_members: np.ndarray  # (2, sum |S|): device group -> action
     act_device_groups: tuple[tuple[int, ...], ...]
     act_option: np.ndarray  # (A,) option index in OPTIONS
-    group_device_members: tuple[np.ndarray, ...]  # GPUs of each device group
+    group_gpus: np.ndarray  # the GPUs of device group 0, then of group 1, ...
+    group_start: np.ndarray  # where each device group's GPUs start in ``group_gpus``
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,7 +274,8 @@ def static_graph(context: SearchContext) -> StaticGraph:
         act_members=np.array([member_src, member_dst], dtype=np.int64).reshape(2, -1),
         act_device_groups=tuple(a.device_groups for a in actions),
         act_option=act_option,
-        group_device_members=members,
+        group_gpus=np.concatenate(members),
+        group_start=np.cumsum([0, *map(len, members[:-1])]),
     )
 
 
@@ -310,13 +312,13 @@ def state_graph(static: StaticGraph, query: PriorQuery) -> StateGraph:
         op_x[:, OP_FEATURES.index("idle_before_transfer_vs_step")] = idle / step_s
         capacity = query.context.space.cluster.device_memory_bytes
         peak = feedback.peak_memory_bytes / np.maximum(capacity, 1)
-        for d, members in enumerate(static.group_device_members):
-            dev_x[d, DEV_FEATURES.index("has_feedback")] = 1.0
-            dev_x[d, DEV_FEATURES.index("peak_memory_vs_capacity")] = min(peak[members].max(), 4.0)
-            dev_x[d, DEV_FEATURES.index("idle_fraction")] = feedback.device_idle_fraction[
-                members
-            ].mean()
-            dev_x[d, DEV_FEATURES.index("over_capacity")] = float(peak[members].max() > 1.0)
+        gpus, start = static.group_gpus, static.group_start
+        group_peak = np.maximum.reduceat(peak[gpus], start)  # every device group has a GPU
+        idle = np.add.reduceat(feedback.device_idle_fraction[gpus], start)
+        dev_x[:, DEV_FEATURES.index("has_feedback")] = 1.0
+        dev_x[:, DEV_FEATURES.index("peak_memory_vs_capacity")] = np.minimum(group_peak, 4.0)
+        dev_x[:, DEV_FEATURES.index("idle_fraction")] = idle / np.diff(start, append=len(gpus))
+        dev_x[:, DEV_FEATURES.index("over_capacity")] = group_peak > 1.0
 
     op_dev_attr = np.concatenate(
         [

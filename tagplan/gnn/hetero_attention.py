@@ -9,10 +9,11 @@ parameters (the convolutions' own ``lin_l``, ``lin_r``, ``lin_edge``, ``att`` an
 so checkpoints are unchanged): each edge type's node and edge projections, then the
 attention logits, the softmax and the messages of all edge types as one list of edges.
 An edge type with an edge from every source to every destination (every op group to
-every device group, in one state's graph) is computed densely instead: the logits as a
-(destination x source) array, a softmax along its rows, the messages as one product per
-head, with no per-edge gathers or message buffers (the largest edge types, and most of
-the time otherwise).
+every device group, in one state's graph), or from every node to every other of its type
+(every ordered pair of device groups), is computed densely instead: the logits as a
+(destination x source) array, a softmax along its rows (a missing self-edge masked out of
+it), the messages as one product per head, with no per-edge gathers or message buffers
+(the largest edge types, and most of the time otherwise).
 
 Why it equals ``HeteroConv(..., aggr="sum")`` over ``GATv2Conv(add_self_loops=False,
 concat=True, dropout=0, share_weights=False)`` (Brody et al., GATv2: for an edge ``j -> i``
@@ -36,9 +37,20 @@ from torch import Tensor
 from torch_geometric.nn import GATv2Conv, HeteroConv
 from torch_geometric.utils import softmax
 
-__all__ = ["EdgeLayout", "edge_layout", "hetero_gatv2"]
+__all__ = ["EdgeLayout", "Grid", "edge_layout", "hetero_gatv2"]
 
 EdgeType = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An edge type with one edge per (source, destination) pair, in row-major order:
+    ``source_major`` (by source, then destination) or by destination; ``self_edges``
+    False when the pairs of a node with itself have none (source and destination counted
+    alike)."""
+
+    source_major: bool
+    self_edges: bool = True
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,8 @@ class EdgeLayout:
     Edges are in ``types`` order, ``counts`` of each; ``group``: each edge's softmax group,
     one per (type, destination); ``target``: its destination's row in the node types'
     stacked rows (``node_offset``). ``types`` leaves out the ``grids``: types with one
-    edge per (source, destination) pair in row-major order, computed densely."""
+    edge per (source, destination) pair in row-major order (:class:`Grid`), computed
+    densely."""
 
     types: tuple[EdgeType, ...]
     index: dict[EdgeType, Tensor]
@@ -58,7 +71,7 @@ class EdgeLayout:
     node_offset: dict[str, int]
     num_nodes: int
     counts: tuple[int, ...]  # edges of each type
-    grids: dict[EdgeType, bool]  # types of every (source, destination) pair: source-major?
+    grids: dict[EdgeType, Grid]
 
 
 def edge_layout(
@@ -70,9 +83,9 @@ def edge_layout(
         node_offset[node_type], start = start, start + count
     grids = {}
     for edge_type in types:
-        major = _grid_order(edge_index[edge_type], num_nodes[edge_type[0]], num_nodes[edge_type[2]])
-        if major is not None:
-            grids[edge_type] = major
+        grid = _grid(edge_index[edge_type], num_nodes[edge_type[0]], num_nodes[edge_type[2]])
+        if grid is not None:
+            grids[edge_type] = grid
     sparse = tuple(edge_type for edge_type in types if edge_type not in grids)
     groups, targets, num_groups = [], [], 0
     for edge_type in sparse:
@@ -94,20 +107,29 @@ def edge_layout(
     )
 
 
-def _grid_order(index: Tensor, sources: int, destinations: int) -> bool | None:
-    """Whether ``index`` has one edge per (source, destination) pair in source-major
-    order (True) or destination-major order (False); None when it is no such grid (a
-    batch of graphs never is: its pairs across graphs have no edge)."""
-    if index.shape[1] != sources * destinations or index.shape[1] == 0:
-        return None
-    outer_src = torch.arange(sources).repeat_interleave(destinations)
-    inner_dst = torch.arange(destinations).repeat(sources)
-    if torch.equal(index[0], outer_src) and torch.equal(index[1], inner_dst):
-        return True
-    outer_dst = torch.arange(destinations).repeat_interleave(sources)
-    inner_src = torch.arange(sources).repeat(destinations)
-    if torch.equal(index[0], inner_src) and torch.equal(index[1], outer_dst):
-        return False
+def _grid(index: Tensor, sources: int, destinations: int) -> Grid | None:
+    """The :class:`Grid` ``index`` is, or None when it is no such grid (a batch of graphs
+    never is: its pairs across graphs have no edge)."""
+    orders = {
+        True: (  # by source, then destination
+            torch.arange(sources).repeat_interleave(destinations),
+            torch.arange(destinations).repeat(sources),
+        ),
+        False: (  # by destination, then source
+            torch.arange(sources).repeat(destinations),
+            torch.arange(destinations).repeat_interleave(sources),
+        ),
+    }
+    for self_edges in (True, False):
+        if not self_edges and sources != destinations:
+            break
+        pairs = sources * destinations - (0 if self_edges else sources)
+        if index.shape[1] != pairs or pairs == 0:
+            continue
+        for source_major, (src, dst) in orders.items():
+            keep = slice(None) if self_edges else src != dst
+            if torch.equal(index[0], src[keep]) and torch.equal(index[1], dst[keep]):
+                return Grid(source_major, self_edges)
     return None
 
 
@@ -170,26 +192,28 @@ def hetero_gatv2(
         node_type: summed[offset : offset + x[node_type].shape[0]] + bias[node_type]
         for node_type, offset in layout.node_offset.items()
     }
-    for edge_type, source_major in layout.grids.items():
+    for edge_type, grid in layout.grids.items():
         out[edge_type[2]] = out[edge_type[2]] + _dense_gatv2(
-            conv.convs[edge_type],
-            x[edge_type[0]],
-            x[edge_type[2]],
-            edge_attr[edge_type],
-            source_major,
+            conv.convs[edge_type], x[edge_type[0]], x[edge_type[2]], edge_attr[edge_type], grid
         )
     return out
 
 
 def _dense_gatv2(
-    module: GATv2Conv, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, source_major: bool
+    module: GATv2Conv, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, grid: Grid
 ) -> Tensor:
     """One GATv2 convolution over an edge type with an edge from every source to every
-    destination (:func:`_grid_order`): the sums and the softmax over a (head x destination
-    x source) array, with no per-edge gathers, and the messages as one product per head."""
+    destination (:class:`Grid`): the sums and the softmax over a (head x destination x
+    source) array, with no per-edge gathers, and the messages as one product per head.
+    Without self-edges the diagonal's scores are left out of the softmax."""
     heads, channels = module.heads, module.out_channels
     sources, destinations = len(x_src), len(x_dst)
-    if source_major:  # the edges' features in destination-major order (a few columns)
+    missing = None if grid.self_edges else torch.eye(sources, dtype=torch.bool)
+    if missing is not None:  # the diagonal's features: zeros, its scores masked below
+        full = edge_attr.new_zeros(sources * destinations, edge_attr.shape[1])
+        full[~missing.view(-1)] = edge_attr
+        edge_attr = full
+    if grid.source_major:  # the edges' features in destination-major order (a few columns)
         edge_attr = edge_attr.view(sources, destinations, -1).transpose(0, 1)
         edge_attr = edge_attr.reshape(sources * destinations, -1)
     left = _linear(module.lin_l, x_src)
@@ -197,8 +221,12 @@ def _dense_gatv2(
     hidden += left.unsqueeze(0)
     hidden += _linear(module.lin_r, x_dst).unsqueeze(1)
     F.leaky_relu_(hidden, module.negative_slope)
-    scores = _per_head(module) @ hidden.view(destinations * sources, -1).t()
-    alpha = torch.softmax(scores.view(heads, destinations, sources), dim=2)
+    scores = (_per_head(module) @ hidden.view(destinations * sources, -1).t()).view(
+        heads, destinations, sources
+    )
+    if missing is not None:
+        scores = scores.masked_fill(missing, float("-inf"))
+    alpha = torch.softmax(scores, dim=2)
     # one (destination x source) @ (source x channels) product per head
     per_head = left.view(sources, heads, channels).transpose(0, 1)
     messages = torch.bmm(alpha, per_head).transpose(0, 1)

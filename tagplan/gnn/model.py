@@ -11,13 +11,21 @@ graph, and a decoder that scores each candidate action of the op group being dec
 * The decoder reads, for each action, its own features, the mean and the max of the
   embeddings of the device groups it uses, the embedding of the op group being decided
   and the mean op-group embedding of its graph, and gives one logit; a softmax over the
-  actions of each graph gives the prior.
+  actions of each graph gives the prior. The options share device sets (an allocation of
+  32 device groups has 300 actions over 75 sets), so the mean and the max are taken once
+  per distinct set.
+
+What a pass derives from a graph's edges alone (:class:`GraphShape`: the message edges as
+one list, the distinct device sets) does not change between the states of one search; the
+prior derives it once per search (:meth:`PriorNet.shape_of`).
 
 Graphs of several search states batch with PyG's ``Batch``: actions, op and device
 groups carry the index of their graph, so one forward pass scores many states.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,9 +42,9 @@ from tagplan.gnn.features import (
     OP_FEATURES,
     StateGraph,
 )
-from tagplan.gnn.hetero_attention import edge_layout, hetero_gatv2
+from tagplan.gnn.hetero_attention import EdgeLayout, edge_layout, hetero_gatv2
 
-__all__ = ["DEFAULT_HYPER", "PriorNet", "to_hetero_data"]
+__all__ = ["DEFAULT_HYPER", "GraphShape", "PriorNet", "to_hetero_data"]
 
 DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3, "ablation": "none"}
 _MESSAGE_EDGES = tuple(e for e in EDGE_FEATURES if e[2] != "act")
@@ -55,6 +63,42 @@ def to_hetero_data(graph: StateGraph, target: np.ndarray | None = None) -> Heter
     if target is not None:
         data["act"].y = torch.from_numpy(np.asarray(target, dtype=np.float32))
     return data
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """What a forward pass derives from a graph's edges and node counts alone: the message
+    edges as one list; each action's device groups as one of the graph's distinct sets
+    (``set_member``: the device group of each membership of a set, ``member_set`` its
+    set; ``action_set``: each action's set); the graph of each op group and action in a
+    batch (all zeros for one graph) and the number of graphs."""
+
+    layout: EdgeLayout
+    set_member: torch.Tensor
+    member_set: torch.Tensor
+    num_sets: int
+    action_set: torch.Tensor
+    op_batch: torch.Tensor
+    act_batch: torch.Tensor
+    graphs: int
+
+
+def _device_sets(
+    member: np.ndarray, action: np.ndarray, actions: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct sets of device groups of ``actions`` actions (memberships ``member``
+    -> ``action``): each set's members and set index, and each action's set."""
+    order = np.argsort(action, kind="stable")
+    bounds = np.searchsorted(action[order], np.arange(actions + 1))
+    members_by_action = member[order]
+    set_of: dict[tuple[int, ...], int] = {}
+    action_set = np.empty(actions, dtype=np.int64)
+    for a in range(actions):
+        key = tuple(sorted(members_by_action[bounds[a] : bounds[a + 1]].tolist()))
+        action_set[a] = set_of.setdefault(key, len(set_of))
+    set_member = np.array([m for key in set_of for m in key], dtype=np.int64)
+    member_set = np.repeat(np.arange(len(set_of)), [len(key) for key in set_of])
+    return set_member, member_set, action_set
 
 
 def _batch_of(data: HeteroData, node_type: str) -> torch.Tensor:
@@ -110,33 +154,52 @@ class PriorNet(nn.Module):
         self.act_embed = nn.Linear(len(ACT_FEATURES), hidden)
         self.decoder = nn.Sequential(nn.Linear(5 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
-    def logits(self, data: HeteroData) -> torch.Tensor:
-        """One logit per action node of ``data`` (a graph or a batch of graphs)."""
-        h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
+    @staticmethod
+    def shape_of(data: HeteroData) -> GraphShape:
+        """The :class:`GraphShape` of ``data`` (a graph or a batch of graphs)."""
         edge_index = {e: data[e].edge_index for e in _MESSAGE_EDGES}
+        num_nodes = {t: data[t].num_nodes for t in ("op", "dev")}
+        member, action = data["dev", "in", "act"].edge_index.numpy()
+        set_member, member_set, action_set = _device_sets(member, action, data["act"].num_nodes)
+        act_batch = _batch_of(data, "act")
+        return GraphShape(
+            layout=edge_layout(_MESSAGE_EDGES, edge_index, num_nodes),
+            set_member=torch.from_numpy(set_member),
+            member_set=torch.from_numpy(member_set),
+            num_sets=int(action_set.max()) + 1 if len(action_set) else 0,
+            action_set=torch.from_numpy(action_set),
+            op_batch=_batch_of(data, "op"),
+            act_batch=act_batch,
+            graphs=int(act_batch.max()) + 1 if act_batch.numel() else 1,
+        )
+
+    def logits(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
+        """One logit per action node of ``data`` (a graph or a batch of graphs);
+        ``shape``: its :meth:`shape_of`, when the caller keeps it."""
+        shape = shape or self.shape_of(data)
+        layout = shape.layout
+        h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
         edge_attr = {e: data[e].edge_attr for e in _MESSAGE_EDGES}
-        layout = edge_layout(_MESSAGE_EDGES, edge_index, {t: len(h[t]) for t in h})
+        edge_index = layout.index
         for conv, norm in zip(self.convs, self.norms, strict=True):
             if self.fused:
                 out = hetero_gatv2(conv, h, layout, edge_attr)
             else:
                 out = conv(h, edge_index, edge_attr_dict=edge_attr)
             h = {t: norm[t](h[t] + torch.relu(out[t])) for t in h}
-        op_batch, act_batch = _batch_of(data, "op"), _batch_of(data, "act")
-        graphs = int(act_batch.max()) + 1 if act_batch.numel() else 1
+        op_batch, act_batch, graphs = shape.op_batch, shape.act_batch, shape.graphs
         current = data["op"].x[:, OP_FEATURES.index("current")].unsqueeze(1)
         current_op = scatter(h["op"] * current, op_batch, dim=0, dim_size=graphs, reduce="sum")
         mean_op = scatter(h["op"], op_batch, dim=0, dim_size=graphs, reduce="mean")
-        member, action = data["dev", "in", "act"].edge_index
-        actions = data["act"].num_nodes
-        used = h["dev"].index_select(0, member)
-        used_mean = scatter(used, action, dim=0, dim_size=actions, reduce="mean")
-        used_max = scatter(used, action, dim=0, dim_size=actions, reduce="max")
+        used = h["dev"].index_select(0, shape.set_member)
+        sets, member_set = shape.num_sets, shape.member_set
+        used_mean = scatter(used, member_set, dim=0, dim_size=sets, reduce="mean")
+        used_max = scatter(used, member_set, dim=0, dim_size=sets, reduce="max")
         features = torch.cat(
             [
                 torch.relu(self.act_embed(data["act"].x)),
-                used_mean,
-                used_max,
+                used_mean.index_select(0, shape.action_set),
+                used_max.index_select(0, shape.action_set),
                 current_op.index_select(0, act_batch),
                 mean_op.index_select(0, act_batch),
             ],
@@ -144,15 +207,16 @@ class PriorNet(nn.Module):
         )
         return self.decoder(features).squeeze(1)
 
-    def forward(self, data: HeteroData) -> torch.Tensor:
+    def forward(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
         """The prior: a softmax over the actions of each graph."""
-        return softmax(self.logits(data), _batch_of(data, "act"))
+        shape = shape or self.shape_of(data)
+        return softmax(self.logits(data, shape), shape.act_batch, num_nodes=shape.graphs)
 
     def log_probabilities(self, data: HeteroData) -> torch.Tensor:
         """``log`` of :meth:`forward`, computed stably (training's cross-entropy)."""
-        logits = self.logits(data)
-        batch = _batch_of(data, "act")
-        graphs = int(batch.max()) + 1 if batch.numel() else 1
+        shape = self.shape_of(data)
+        logits = self.logits(data, shape)
+        batch, graphs = shape.act_batch, shape.graphs
         top = scatter(logits.detach(), batch, dim=0, dim_size=graphs, reduce="max")[batch]
         shifted = logits - top
         norm = scatter(shifted.exp(), batch, dim=0, dim_size=graphs, reduce="sum")

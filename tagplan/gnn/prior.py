@@ -1,11 +1,12 @@
 """The GNN as the search's :class:`~tagplan.planner.search.prior.Prior` (TAG §4.2.2's
 G(s, a)).
 
-The fixed part of the graph is built once per search (the context is kept by identity);
-each expansion adds the vertex's decisions and feedback and runs one forward pass with
-autograd off. ``uniform_mix`` blends in the uniform prior, so an action the network
-rates near zero is still tried once the better-rated ones have been visited enough
-(PUCT's exploration term is proportional to the prior).
+The fixed part of the graph, and what the network derives from its edges (its
+:class:`~tagplan.gnn.model.GraphShape`), are built once per search (the context is kept
+by identity); each expansion adds the vertex's decisions and feedback and runs one
+forward pass with autograd off. ``uniform_mix`` blends in the uniform prior, so an
+action the network rates near zero is still tried once the better-rated ones have been
+visited enough (PUCT's exploration term is proportional to the prior).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from tagplan.gnn.features import StaticGraph, ablate, state_graph, static_graph
-from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.gnn.model import GraphShape, PriorNet, to_hetero_data
 from tagplan.planner.search.prior import PriorQuery, SearchContext
 
 __all__ = ["DEFAULT_UNIFORM_MIX", "GnnPrior"]
@@ -36,20 +37,24 @@ class GnnPrior:
         self.model, self.name, self.uniform_mix = model.eval(), name, uniform_mix
         self._context: SearchContext | None = None
         self._static: StaticGraph | None = None
+        self._shape: GraphShape | None = None  # the static graph's, once a state is seen
         self.calls = 0
         self.seconds = 0.0  # spent in probabilities(): the prior's share of a search
 
     def _static_of(self, context: SearchContext) -> StaticGraph:
         if self._context is not context or self._static is None:
             self._static, self._context = static_graph(context), context
+            self._shape = None
         return self._static
 
     def probabilities(self, query: PriorQuery) -> np.ndarray:
         started = time.perf_counter()
         graph = state_graph(self._static_of(query.context), query)
         data = to_hetero_data(ablate(graph, self.model.hyper["ablation"]))
+        if self._shape is None:  # every state of a search has the static graph's edges
+            self._shape = self.model.shape_of(data)
         with torch.inference_mode():
-            learned = self.model(data).double().numpy()
+            learned = self.model(data, self._shape).double().numpy()
         n = len(learned)
         p = (1.0 - self.uniform_mix) * learned / learned.sum() + self.uniform_mix / n
         self.calls += 1

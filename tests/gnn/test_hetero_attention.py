@@ -9,7 +9,7 @@ import torch
 from torch_geometric.data import Batch
 
 from tagplan.gnn.features import ablate, state_graph, static_graph
-from tagplan.gnn.hetero_attention import edge_layout, hetero_gatv2
+from tagplan.gnn.hetero_attention import Grid, edge_layout, hetero_gatv2
 from tagplan.gnn.model import _MESSAGE_EDGES, PriorNet, to_hetero_data
 
 
@@ -45,19 +45,47 @@ def test_equals_pyg_heteroconv_on_states_and_batches(searched, ablation: str) ->
             assert torch.allclose(fused[node_type], expected[node_type], atol=1e-5)
 
 
-def test_every_group_device_pair_is_a_grid_in_one_state_and_none_in_a_batch(searched) -> None:
+def test_every_pair_is_a_grid_in_one_state_and_none_in_a_batch(searched) -> None:
     graphs = _states(searched, "none")
     for data in graphs:
         counts = {t: data[t].num_nodes for t in ("op", "dev")}
         layout = edge_layout(
             _MESSAGE_EDGES, {e: data[e].edge_index for e in _MESSAGE_EDGES}, counts
         )
-        assert layout.grids == {("op", "on", "dev"): True, ("dev", "hosts", "op"): False}
+        assert layout.grids == {
+            ("op", "on", "dev"): Grid(source_major=True),
+            ("dev", "hosts", "op"): Grid(source_major=False),
+            ("dev", "link", "dev"): Grid(source_major=True, self_edges=False),
+        }
         assert set(layout.types) == set(_MESSAGE_EDGES) - set(layout.grids)
     batch = Batch.from_data_list(graphs)
     counts = {t: batch[t].num_nodes for t in ("op", "dev")}
     layout = edge_layout(_MESSAGE_EDGES, {e: batch[e].edge_index for e in _MESSAGE_EDGES}, counts)
     assert layout.grids == {} and layout.types == _MESSAGE_EDGES
+
+
+@pytest.mark.parametrize("self_edges", [True, False])
+@pytest.mark.parametrize("source_major", [True, False])
+def test_a_grid_in_either_order_equals_pyg(source_major: bool, self_edges: bool) -> None:
+    """A square edge type computed densely, by source or by destination, with or without
+    each node's edge to itself, against GATv2Conv on the same edges."""
+    torch.manual_seed(11)
+    net = PriorNet(hidden=24, heads=3, layers=1)
+    for bias in (p for name, p in net.named_parameters() if name.endswith("bias")):
+        torch.nn.init.normal_(bias)
+    conv, edge_type, n = net.convs[0], ("dev", "link", "dev"), 5
+    src = torch.arange(n).repeat_interleave(n)
+    dst = torch.arange(n).repeat(n)
+    keep = torch.ones(n * n, dtype=torch.bool) if self_edges else src != dst
+    pairs = (src[keep], dst[keep]) if source_major else (dst[keep], src[keep])
+    index = torch.stack(pairs)
+    attr = torch.randn(index.shape[1], 3)  # the dev -> dev edges' three features
+    h = {"dev": torch.randn(n, 24)}
+    layout = edge_layout((edge_type,), {edge_type: index}, {"dev": n})
+    assert layout.grids == {edge_type: Grid(source_major, self_edges)} and not layout.types
+    fused = hetero_gatv2(conv, h, layout, {edge_type: attr})["dev"]
+    expected = conv.convs[edge_type](h["dev"], index, attr)
+    assert torch.allclose(fused, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("batched", [False, True])

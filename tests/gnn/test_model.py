@@ -15,7 +15,7 @@ from tagplan.gnn.features import (
     state_graph,
     static_graph,
 )
-from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.gnn.model import PriorNet, _device_sets, to_hetero_data
 from tagplan.gnn.prior import GnnPrior
 from tagplan.planner.search.prior import PriorQuery
 
@@ -70,6 +70,28 @@ def test_the_gnn_prior_in_the_search_mixes_in_uniform_and_is_deterministic(searc
     assert prior.calls == 2 and prior.seconds > 0
     with pytest.raises(ValueError):
         GnnPrior(net, name="bad", uniform_mix=1.5)
+
+
+def test_the_shape_a_prior_keeps_scores_every_state_as_a_fresh_pass(searched, net) -> None:
+    """The prior derives the graph's shape (edge list, grids, device sets, batch) at its
+    first expansion and keeps it for the search; every later state scores as a pass
+    that derives its own."""
+    prior = GnnPrior(net, name="test", uniform_mix=0.0)
+    static = static_graph(searched.context)
+    queries = sorted(_queries(searched), key=lambda q: -q.level)
+    for query in queries:
+        fresh = net(to_hetero_data(state_graph(static, query))).detach().double().numpy()
+        np.testing.assert_allclose(prior.probabilities(query), fresh / fresh.sum(), atol=1e-6)
+    assert prior._shape is not None and prior._shape.num_sets < len(searched.space.actions)
+
+
+def test_device_sets_are_shared_by_the_options_that_use_them() -> None:
+    # actions 0 and 2 use device groups {0, 1}, action 1 uses {2}, action 3 none
+    member = np.array([2, 0, 1, 1, 0])
+    action = np.array([1, 0, 0, 2, 2])
+    set_member, member_set, action_set = _device_sets(member, action, 4)
+    assert action_set.tolist() == [0, 1, 0, 2]
+    assert set_member.tolist() == [0, 1, 2] and member_set.tolist() == [0, 0, 1]
 
 
 def test_ablations_remove_what_they_name(searched) -> None:
