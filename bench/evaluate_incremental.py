@@ -60,7 +60,9 @@ def walk(search: StrategySearch, steps: int, seed: int) -> list[tuple[int, ...]]
     return keys
 
 
-def measure(model: str, cluster_name: str, steps: int, seed: int) -> dict:
+def search_on(model: str, cluster_name: str) -> StrategySearch:
+    """A search over the zoo model's op groups and actions on the named cluster, whose
+    evaluator evaluates the walk."""
     source = load_graph_source(f"zoo:{model}")
     ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
     cluster = load_cluster(cluster_name)
@@ -68,7 +70,13 @@ def measure(model: str, cluster_name: str, steps: int, seed: int) -> dict:
     costs = evaluator.costs
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs))
     space = ActionSpace(ir, cluster, costs)
-    search = StrategySearch(evaluator, grouping, space, reference_step_s=1)
+    return StrategySearch(evaluator, grouping, space, reference_step_s=1)
+
+
+def measure(model: str, cluster_name: str, steps: int, seed: int) -> dict:
+    search = search_on(model, cluster_name)
+    evaluator, grouping = search.evaluator, search.grouping
+    ir, cluster, costs = evaluator.ir, evaluator.cluster, evaluator.costs
     warm, cold, tasks = [], [], []
     for key in walk(search, steps, seed):
         strategy = search.strategy_of(key)

@@ -31,7 +31,9 @@ closest rule picks), a hub that is a member of a class, a class gathering slices
 first member would then hand the whole tensor to the rest, replicas reading rows laid out
 differently. The compiler raises :class:`Asymmetric` there and the evaluator compiles the
 strategy per GPU instead (:class:`~tagplan.planner.evaluate.Evaluator`), which stays the
-reference (``by_class=False``).
+reference (``by_class=False``). The most common of these, replicas reading rows laid out
+differently, is seen in the quotient placement before compiling
+(:func:`reads_across_layouts`), so those strategies go per GPU without a partial compile.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from tagplan.planner.compile.placement import Placement
 from tagplan.planner.strategy import Mode
 from tagplan.planner.topology import Cluster
 
-__all__ = ["Asymmetric", "Symmetry", "symmetry_classes"]
+__all__ = ["Asymmetric", "Symmetry", "reads_across_layouts", "symmetry_classes"]
 
 
 class Asymmetric(Exception):
@@ -72,20 +74,59 @@ class Symmetry:
         return values[self.representative]
 
 
+def _mixed(key: np.ndarray) -> np.ndarray:
+    """splitmix64 of each key: a well-mixed hash, so that a sum of them hashes a multiset."""
+    key = (key + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+    key ^= key >> np.uint64(27)
+    key *= np.uint64(0x94D049BB133111EB)
+    key ^= key >> np.uint64(31)
+    return key
+
+
 def _device_signatures(placement: Placement, num_devices: int) -> np.ndarray:
     """A 64-bit hash per device of the multiset of (op, local batch) instances on it."""
     counts = np.diff(placement.inst_ptr)
     op_of = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
     rows = (placement.inst_hi - placement.inst_lo).astype(np.uint64)
-    key = op_of * np.uint64(1_000_003) + rows
-    # splitmix64: a well-mixed hash per instance; a sum of them hashes the multiset
-    key = (key + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
-    key ^= key >> np.uint64(27)
-    key *= np.uint64(0x94D049BB133111EB)
-    key ^= key >> np.uint64(31)
+    key = _mixed(op_of * np.uint64(1_000_003) + rows)
     signature = np.zeros(num_devices, dtype=np.uint64)
     np.add.at(signature, placement.inst_device, key)
     return signature
+
+
+def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray) -> bool:
+    """Whether a split op reads rows of a split producer's batch tensor (``producer[i]``
+    -> ``reader[i]``) that no piece of the producer holds as they are, where a class of
+    several GPUs reads or holds them: the rule that gathers or cuts pieces of another
+    layout then singles out members (:class:`Asymmetric`), so the compile would stop
+    there. Checked on the quotient placement before compiling, so a strategy that would
+    stop is compiled per GPU at once rather than after a partial compile (the search's
+    neighbouring strategies mostly are such: an op group on other device groups than its
+    producer's). The answer only chooses the cheaper path: either compile gives the same
+    step, memory and OOM (module docstring)."""
+    quotient, members = symmetry.placement, symmetry.members
+    ptr = quotient.inst_ptr
+    device, lo, hi = quotient.inst_device, quotient.inst_lo, quotient.inst_hi
+    split = quotient.op_mode == Mode.SPLIT
+    batch = np.uint64(quotient.batch_size + 1)
+    rows = (device.astype(np.uint64) * batch + lo.astype(np.uint64)) * batch
+    key = _mixed(rows + hi.astype(np.uint64))
+    op_rows = np.add.reduceat(key, ptr[:-1]) if len(key) else np.zeros(0, dtype=np.uint64)
+    differ = split[producer] & split[reader] & (op_rows[producer] != op_rows[reader])
+    seen: set[tuple[int, int]] = set()
+    for p, r in zip(producer[differ].tolist(), reader[differ].tolist(), strict=True):
+        if (int(op_rows[p]), int(op_rows[r])) in seen:
+            continue
+        seen.add((int(op_rows[p]), int(op_rows[r])))
+        pieces = range(ptr[p], ptr[p + 1])
+        held = {(int(lo[i]), int(hi[i])) for i in pieces}
+        for i in range(ptr[r], ptr[r + 1]):
+            if (int(lo[i]), int(hi[i])) in held:
+                continue
+            covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
+            if members[device[i]] > 1 or any(members[device[j]] > 1 for j in covering):
+                return True
+    return False
 
 
 def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:

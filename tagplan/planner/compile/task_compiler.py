@@ -59,7 +59,12 @@ from tagplan.planner.compile.pipeline import (
     phase_barriers,
 )
 from tagplan.planner.compile.placement import Placement, place, sums_partials
-from tagplan.planner.compile.symmetry import Asymmetric, Symmetry, symmetry_classes
+from tagplan.planner.compile.symmetry import (
+    Asymmetric,
+    Symmetry,
+    reads_across_layouts,
+    symmetry_classes,
+)
 from tagplan.planner.compile.task_builder import TaskBuilder
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
@@ -237,6 +242,15 @@ class TaskCompiler:
             cluster.device_memory_bandwidth_bytes_per_s * efficiency.memory
         ).tolist()
         self.links = LinkLayout(cluster)
+        # (producer, reader) op pairs along batch tensors whose split copies are slices
+        slices = [
+            (self.tensor_producer[t], op)
+            for op, inputs in enumerate(self.op_inputs)
+            for t in set(inputs)
+            if self.tensor_split_kind[t] == _SLICE
+        ]
+        pairs = np.array(sorted(set(slices)), dtype=np.int64).reshape(-1, 2)
+        self.slice_producer, self.slice_reader = pairs[:, 0], pairs[:, 1]
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self._outputs: dict[tuple, _Outputs] = {}
         self._remembered_instances = 0
@@ -251,7 +265,9 @@ class TaskCompiler:
         with _collector_paused():
             if by_class and resolved.pipeline is None:  # micro-batch rows are not contiguous
                 symmetry = symmetry_classes(placement, self.cluster)
-                if symmetry is not None:
+                if symmetry is not None and not reads_across_layouts(
+                    symmetry, self.slice_producer, self.slice_reader
+                ):
                     try:
                         return _TaskGraphCompilation(
                             self, resolved, symmetry.placement, symmetry

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tagplan.planner.compile.placement import place
-from tagplan.planner.compile.symmetry import symmetry_classes
-from tagplan.planner.compile.task_compiler import TaskCompiler
+from tagplan.planner.compile.symmetry import Asymmetric, reads_across_layouts, symmetry_classes
+from tagplan.planner.compile.task_compiler import TaskCompiler, _TaskGraphCompilation
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
@@ -18,7 +19,7 @@ from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.search.sfb import apply_sfb
-from tagplan.planner.strategy import GroupDecision, Option, Strategy, resolve
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
 from tests.planner.clusters import gpus
 
@@ -149,6 +150,32 @@ def test_classes_and_quotient_placement_by_hand() -> None:
     ]
     batch = ir.batch_size
     assert rows == [(0, 0, batch // 8), (1, batch // 8, batch // 2), (4, batch // 2, batch)]
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_reads_across_layouts_foretells_the_compile_stopping(moved: bool) -> None:
+    """Data parallelism on two machines of four GPUs; ``moved``: one layer's matmul on
+    the second machine alone, so it reads rows of the first layer's output that no class
+    holds as they are. The check on the quotient placement says so before compiling, and
+    the compile by class, tried anyway, stops there."""
+    ir = _zoo("mlp")
+    cluster = gpus("T4", 2, 4)
+    everywhere = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
+    second = GroupDecision(device_groups=[1], option=Option.REPLICATE_ALLREDUCE)
+    groups = [OpGroup(ops=["dense_1/MatMul"], decision=second)] if moved else []
+    resolved = resolve(Strategy(default=everywhere, groups=groups), ir, cluster)
+    symmetry = symmetry_classes(place(ir, resolved), cluster)
+    assert symmetry is not None
+    compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
+    across = reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
+    assert across == moved
+    compilation = _TaskGraphCompilation(compiler, resolved, symmetry.placement, symmetry)
+    if moved:
+        with pytest.raises(Asymmetric, match="another layout"):
+            compilation.compile()
+    else:
+        assert compilation.compile().symmetry is symmetry
+    assert (compiler.compile(resolved, by_class=True).symmetry is None) == moved
 
 
 def test_a_placement_without_classes_has_none() -> None:
