@@ -314,10 +314,11 @@ def state_graph(static: StaticGraph, query: PriorQuery) -> StateGraph:
         peak = feedback.peak_memory_bytes / np.maximum(capacity, 1)
         gpus, start = static.group_gpus, static.group_start
         group_peak = np.maximum.reduceat(peak[gpus], start)  # every device group has a GPU
-        idle = np.add.reduceat(feedback.device_idle_fraction[gpus], start)
+        group_gpus = np.diff(start, append=len(gpus))
+        group_idle = np.add.reduceat(feedback.device_idle_fraction[gpus], start) / group_gpus
         dev_x[:, DEV_FEATURES.index("has_feedback")] = 1.0
         dev_x[:, DEV_FEATURES.index("peak_memory_vs_capacity")] = np.minimum(group_peak, 4.0)
-        dev_x[:, DEV_FEATURES.index("idle_fraction")] = idle / np.diff(start, append=len(gpus))
+        dev_x[:, DEV_FEATURES.index("idle_fraction")] = group_idle
         dev_x[:, DEV_FEATURES.index("over_capacity")] = group_peak > 1.0
 
     op_dev_attr = np.concatenate(
