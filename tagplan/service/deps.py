@@ -27,12 +27,15 @@ async def get_settings_dep(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
+    """A session committed when the route returns, before its response is sent
+    (``scope="function"`` below): a client that sends its next request on the answer,
+    as the dashboard does after a change, reads what the change wrote."""
     with session_scope(request.app.state.settings.sqlalchemy_url) as session:
         yield session
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SubmitKey = Annotated[Principal, Depends(require("submit"))]
 ReadKey = Annotated[Principal, Depends(require("read"))]
 OperateKey = Annotated[Principal, Depends(require("operate"))]

@@ -14,9 +14,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from tagplan.db.session import session_scope
 from tagplan.gnn import prior_name, shipped_prior_name
 from tagplan.gnn.checkpoint import save_checkpoint
 from tagplan.gnn.model import PriorNet
+from tagplan.service.registry import active_checkpoint
 from tests.service.conftest import assert_problem, make_key, wait_for
 
 TENANT = "registry"
@@ -149,3 +151,29 @@ def test_registry_errors(service, operator) -> None:
     assert_problem(service.put(f"/v1/checkpoints/{'0' * 64}/active", headers=operator), 404)
     submitter = make_key("submit", tenant=TENANT)
     assert_problem(service.delete("/v1/checkpoints/active", headers=submitter), 403, "scope")
+
+
+def test_a_change_is_committed_before_its_answer_is_sent(service, operator, checkpoint) -> None:
+    """A client that acts on the answer (the dashboard reloads the registry when its
+    change returns) reads what the change wrote: the registry row, read from another
+    session when the response starts, is already the activated checkpoint."""
+    checkpoint_id = _upload(service, operator, checkpoint[0], "committed-first")
+    url = service.app.state.settings.sqlalchemy_url
+    seen: list[str | None] = []
+
+    async def watched(scope, receive, send) -> None:
+        async def send_and_look(message) -> None:
+            if message["type"] == "http.response.start":
+                with session_scope(url) as session:
+                    row = active_checkpoint(session)
+                    seen.append(row.checkpoint_id if row else None)
+            await send(message)
+
+        await service.app(scope, receive, send_and_look)
+
+    client = TestClient(watched)  # the service's app, started by its fixture
+    activated = client.put(f"/v1/checkpoints/{checkpoint_id}/active", headers=operator)
+    assert activated.status_code == 200, activated.text
+    cleared = client.delete("/v1/checkpoints/active", headers=operator)
+    assert cleared.status_code == 200, cleared.text
+    assert seen == [checkpoint_id, None]

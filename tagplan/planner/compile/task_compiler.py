@@ -37,7 +37,7 @@ that state as arguments in the innermost loop of the search.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -889,17 +889,41 @@ class _TaskGraphCompilation:
                 outputs.summed[k],
             )
 
+    def _publish_copies(self, op: int, rows: _Rows, tasks: list[int]) -> None:
+        """Make the outputs of the instances of ``op`` at ``rows`` (run by ``tasks``, not
+        consecutive: tasks that bring their inputs came between them) available to their
+        readers as copies at once: what :meth:`_publish` and :meth:`_materialize` give,
+        but for every instance in one pass."""
+        outputs = self.fixed.outputs(op, rows, self.op_split[op], self.members, self.members_key)
+        producers = [tasks[i] for i in outputs.instance]
+        first_buffer = self.out.buffers(outputs.device, outputs.nbytes, 0, producers)
+        stride = len(outputs.keys)
+        for k, tensor in enumerate(self.fixed.op_outputs[op]):
+            self._record(tensor, outputs.keys[k], outputs.kinds[k], tasks, first_buffer + k, stride)
+
     def _materialize(self, tensor: int) -> None:
         """The copies of ``tensor``'s block, as :meth:`_publish` describes them, recorded
         where the rules look them up (nothing when it has none pending)."""
         block = self.pending.pop(tensor, None)
         if block is None:
             return
+        tasks = range(block.first_task, block.first_task + len(block.keys))
+        self._record(tensor, block.keys, block.kinds, tasks, block.first_buffer, block.stride)
+
+    def _record(
+        self,
+        tensor: int,
+        keys: _Rows,
+        kinds: tuple[int, ...],
+        tasks: Sequence[int],
+        buffer: int,
+        stride: int,
+    ) -> None:
+        """Copies of ``tensor``: instance ``i``'s holds rows ``keys[i]`` of kind
+        ``kinds[i]``, made by ``tasks[i]`` into buffer ``buffer + i * stride``; recorded
+        where the rules look them up."""
         cache, copies = self.cache, self.copies[tensor]
-        buffer, stride = block.first_buffer, block.stride
-        for task, ((device, lo, hi), kind) in enumerate(
-            zip(block.keys, block.kinds, strict=True), block.first_task
-        ):
+        for task, (device, lo, hi), kind in zip(tasks, keys, kinds, strict=True):
             copy = _Copy(device, lo, hi, kind, task, buffer)
             buffer += stride
             copies.append(copy)
@@ -919,14 +943,12 @@ class _TaskGraphCompilation:
         ready = self._ready_inputs(op, rows)
         if None in ready:
             tasks = []
-            for inst, one_row in zip(instances, rows, strict=True):
+            for inst in instances:
                 task = self._compute(op, range(inst, inst + 1))[0]
                 self._inputs(op, inst, task, ready)  # may add transfers, Split/Concat/AddN
-                self._publish(op, (one_row,), task)
-                for tensor in self.fixed.op_outputs[op]:
-                    self._materialize(tensor)  # the next instance's block would replace it
                 tasks.append(task)
             self._read_ready(ready, tasks)
+            self._publish_copies(op, rows, tasks)
         else:  # nothing to add: the instances' tasks are consecutive
             tasks = self._compute(op, instances)
             self._read_ready(ready, tasks)
