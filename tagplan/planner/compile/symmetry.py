@@ -115,9 +115,10 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
     differ = split[producer] & split[reader] & (op_rows[producer] != op_rows[reader])
     seen: set[tuple[int, int]] = set()
     for p, r in zip(producer[differ].tolist(), reader[differ].tolist(), strict=True):
-        if (int(op_rows[p]), int(op_rows[r])) in seen:
+        layouts = (int(op_rows[p]), int(op_rows[r]))
+        if layouts in seen:  # the same two layouts read each other alike
             continue
-        seen.add((int(op_rows[p]), int(op_rows[r])))
+        seen.add(layouts)
         pieces = range(ptr[p], ptr[p + 1])
         held = {(int(lo[i]), int(hi[i])) for i in pieces}
         for i in range(ptr[r], ptr[r + 1]):
