@@ -15,7 +15,9 @@ memory bandwidth, and a fixed per-kernel launch overhead. A matrix product's or
 convolution's FLOPs are rounded up to whole output tiles where the GPU type names the
 tile its libraries compute in (:mod:`.gemm_shape`). A 3x3 stride-1 convolution on
 a GPU whose library offers Winograd algorithms takes the time of the fastest algorithm,
-direct or Winograd, as TensorFlow's cuDNN autotuning does (:mod:`.conv_algo`). Ops that
+direct or Winograd, as TensorFlow's cuDNN autotuning does (:mod:`.conv_algo`). A float32
+training batch norm moves its bytes no faster than its channels, one per multiprocessor,
+can stream them (:mod:`.channel_streams`). Ops that
 do no work (constants, variable handles, reshapes) cost nothing. Every time says whether
 it was measured.
 """
@@ -28,6 +30,7 @@ from functools import cached_property
 
 import numpy as np
 
+from tagplan.planner.cost.channel_streams import ChannelStreams
 from tagplan.planner.cost.conv_algo import ConvAlgorithms, conv_algorithms
 from tagplan.planner.cost.gemm_shape import GemmShapes, gemm_shapes
 from tagplan.planner.cost.profile import ProfileSource
@@ -124,6 +127,7 @@ class OpCostModel:
         self.cluster = cluster
         self.work: GraphWork = graph_work(ir)
         self.conv: ConvAlgorithms = conv_algorithms(ir, self.work)
+        self.streams = ChannelStreams.of(ir, self.work)
         self.profiles = profiles
         self.efficiency = efficiency
         self._dense = np.array([f in _DENSE_FORMULAS for f in self.work.formula], dtype=bool)
@@ -206,6 +210,14 @@ class OpCostModel:
         seconds = np.maximum(
             flops / (peak_flops_per_s * self._compute_efficiency),
             bytes_moved / memory_bytes_per_s,
+        )
+        seconds = np.maximum(
+            seconds,
+            self.streams.bound_s(
+                bytes_moved,
+                float(cluster.type_memory_bandwidth_bytes_per_s[t]),
+                int(cluster.type_multiprocessors[t]),
+            ),
         )
         if cluster.type_winograd[t]:
             winograd_s = self._winograd_s(

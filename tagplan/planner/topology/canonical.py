@@ -50,7 +50,7 @@ __all__ = [
     "map_groups",
 ]
 
-FINGERPRINT_FORMAT = "tagplan.topology.fingerprint/2"
+FINGERPRINT_FORMAT = "tagplan.topology.fingerprint/3"
 """Hashed with the canonical form; bump it when the encoding changes."""
 DEFAULT_MAX_LEAVES = 2048
 """Leaves of the individualization-refinement search before settling (see module doc)."""
@@ -117,6 +117,7 @@ def canonical_order(cluster: Cluster, *, max_leaves: int = DEFAULT_MAX_LEAVES) -
                 float(cluster.type_peak_tf32_flops[t]),
                 bool(cluster.type_winograd[t]),
                 int(cluster.type_gemm_tile[t]),
+                int(cluster.type_multiprocessors[t]),
                 int(cluster.type_memory_bytes[t]),
                 float(cluster.type_memory_bandwidth_bytes_per_s[t]),
             ]

@@ -85,6 +85,9 @@ class Cluster:
     type_gemm_tile: np.ndarray
     """(T,) int64: side of the output tile the GPU's libraries compute matrix products in;
     0 where they do not tile them (:mod:`tagplan.planner.cost.gemm_shape`)."""
+    type_multiprocessors: np.ndarray
+    """(T,) int64: streaming multiprocessors; 0 where unknown
+    (:mod:`tagplan.planner.cost.channel_streams`)."""
     type_memory_bytes: np.ndarray
     """(T,) int64: device memory."""
     type_memory_bandwidth_bytes_per_s: np.ndarray
@@ -160,6 +163,7 @@ class Cluster:
         )
         type_winograd = np.array([t.winograd for t in types], dtype=bool)
         type_gemm_tile = np.array([t.gemm_tile or 0 for t in types], dtype=np.int64)
+        type_multiprocessors = np.array([t.multiprocessors or 0 for t in types], dtype=np.int64)
         type_mem = np.array([gib_to_bytes(t.memory_gib) for t in types], dtype=np.int64)
         type_mem_bw = (
             np.array([t.memory_bandwidth_gb_per_s for t in types], dtype=np.float64) * BYTES_PER_GB
@@ -211,6 +215,7 @@ class Cluster:
             type_peak_tf32_flops=_frozen(type_tf32),
             type_winograd=_frozen(type_winograd),
             type_gemm_tile=_frozen(type_gemm_tile),
+            type_multiprocessors=_frozen(type_multiprocessors),
             type_memory_bytes=_frozen(type_mem),
             type_memory_bandwidth_bytes_per_s=_frozen(type_mem_bw),
             device_names=tuple(

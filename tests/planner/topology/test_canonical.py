@@ -145,6 +145,7 @@ class TestSensitivity:
                 "tf32 peak": {"tf32_tflops": 40.0},
                 "winograd": {"winograd": False},
                 "tile": {"gemm_tile": 128},
+                "multiprocessors": {"multiprocessors": 80},
             }.items()
         },
     }

@@ -93,6 +93,7 @@ class TestDevices:
         assert c.type_peak_tf32_flops[0] == 2e12  # no TF32 tensor cores: the FP32 rate
         assert c.type_winograd.dtype == bool and c.type_winograd[0]
         assert c.type_gemm_tile[0] == 0  # no tiles unless the type names them
+        assert c.type_multiprocessors[0] == 0  # no multiprocessor count unless named
 
     def test_tf32_peak_and_winograd_per_type(self) -> None:
         c = load_cluster(
@@ -106,6 +107,7 @@ class TestDevices:
                         "memory_gib": 1,
                         "winograd": False,
                         "gemm_tile": 64,
+                        "multiprocessors": 40,
                     }
                 ],
                 "machines": [
@@ -114,7 +116,7 @@ class TestDevices:
             }
         )
         assert c.type_peak_tf32_flops[0] == 8e12 and not c.type_winograd[0]
-        assert c.type_gemm_tile[0] == 64
+        assert c.type_gemm_tile[0] == 64 and c.type_multiprocessors[0] == 40
 
     def test_arrays_are_read_only(self) -> None:
         c = three_machines()

@@ -1,0 +1,290 @@
+"""Training batch norms timed on a real GPU over a grid of shapes, against the cost model.
+
+TensorFlow runs ``FusedBatchNormV3`` and its gradient on a GPU with cuDNN; a roofline over
+their bytes assumes the whole GPU streams them. Two steps, as for ``bench/gpu_kernels.py``:
+
+    python -m bench.gpu_batch_norm measure --out batch_norm.json   # on the GPU, torch only
+    python -m bench.gpu_batch_norm compare bench/profiles/batch_norm_h100.json.gz
+
+``measure`` times, for every shape of a grid of batch x spatial size x channels, the
+forward training batch norm and its gradient with cuDNN in NCHW (TensorFlow's layout on a
+GPU in ``tf_cnn_benchmarks``) and in NHWC (Keras's default), and PyTorch's own kernels in
+NCHW (what ``bench/gpu_measure.py`` timed). ``compare`` prices the same shapes with the
+analytic cost model for the measured GPU's catalog type and prints predicted over measured
+by channel count and by the bytes one channel streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-3
+CHANNELS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+SPATIAL = (7, 14, 28, 56, 112, 147)
+BATCHES = (16, 64)
+MAX_ELEMENTS = 2**28
+IMPLEMENTATIONS = ("cudnn_nchw", "cudnn_nhwc", "native_nchw")
+DIRECTIONS = ("forward", "backward")
+_RESOURCE = {"dtype": "resource", "shape": []}
+
+
+def grid() -> list[tuple[int, int, int]]:
+    """(batch, spatial size, channels) of every shape timed, at most ``MAX_ELEMENTS``."""
+    return [
+        (n, s, c)
+        for n in BATCHES
+        for s in SPATIAL
+        for c in CHANNELS
+        if n * s * s * c <= MAX_ELEMENTS
+    ]
+
+
+def _calls(implementation: str, n: int, s: int, c: int) -> dict[str, Any]:
+    """The forward and backward calls of one implementation at one shape."""
+    import torch
+
+    device = torch.device("cuda")
+    x = torch.randn(n, c, s, s, device=device)
+    if implementation == "cudnn_nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    grad = torch.randn_like(x)
+    weight, bias = torch.ones(c, device=device), torch.zeros(c, device=device)
+    if implementation == "native_nchw":
+        _, mean, invstd = torch.ops.aten.native_batch_norm(
+            x, weight, bias, None, None, True, 0.0, EPS
+        )
+        return {
+            "forward": lambda: torch.ops.aten.native_batch_norm(
+                x, weight, bias, None, None, True, 0.0, EPS
+            ),
+            "backward": lambda: torch.ops.aten.native_batch_norm_backward(
+                grad, x, weight, None, None, mean, invstd, True, EPS, [True, True, True]
+            ),
+        }
+    running_mean, running_var = torch.zeros(c, device=device), torch.ones(c, device=device)
+    _, save_mean, save_var, reserve = torch.ops.aten.cudnn_batch_norm(
+        x, weight, bias, running_mean, running_var, True, 0.0, EPS
+    )
+    return {
+        "forward": lambda: torch.ops.aten.cudnn_batch_norm(
+            x, weight, bias, running_mean, running_var, True, 0.0, EPS
+        ),
+        "backward": lambda: torch.ops.aten.cudnn_batch_norm_backward(
+            x, grad, weight, running_mean, running_var, save_mean, save_var, EPS, reserve
+        ),
+    }
+
+
+def measure(out: Path) -> None:
+    import torch
+
+    from bench.gpu_measure import median_call_s
+
+    device = torch.device("cuda")
+    source = torch.empty(2**29, device=device)
+    target = torch.empty_like(source)
+    copy_s = median_call_s(partial(target.copy_, source))
+    del source, target
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "multiprocessors": torch.cuda.get_device_properties(device).multi_processor_count,
+        "copy_gb_per_s": 2 * 2**29 * 4 / copy_s / 1e9,
+        "rows": [],
+    }
+    started = time.perf_counter()
+    for n, s, c in grid():
+        row: dict[str, Any] = {"batch": n, "spatial": s, "channels": c}
+        for implementation in IMPLEMENTATIONS:
+            for direction, call in _calls(implementation, n, s, c).items():
+                row[f"{implementation}_{direction}_s"] = median_call_s(call)
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        out.write_text(json.dumps(result, separators=(",", ":")))
+    print(f"{len(result['rows'])} shapes in {time.perf_counter() - started:.0f} s -> {out}")
+
+
+def _node(name: str, op: str, inputs: list[str], outputs: list[list[int]], **attrs: Any) -> dict:
+    float32 = {"type": "float32"}
+    return {
+        "name": name,
+        "op": op,
+        "inputs": inputs,
+        "attrs": {"T": float32, "U": float32, **attrs} if op.startswith("Fused") else attrs,
+        "outputs": [{"dtype": "float32", "shape": shape} for shape in outputs],
+    }
+
+
+def batch_norm_graph(batch: int, shapes: list[tuple[int, int]]) -> dict:
+    """A graph in the JSON form holding the training batch norm and its gradient (NCHW,
+    as TensorFlow runs them on a GPU) of every ``(spatial, channels)`` at ``batch``."""
+    nodes = []
+    for s, c in shapes:
+        x, tag = [batch, c, s, s], f"{s}x{c}"
+        placeholder = {"dtype": {"type": "float32"}, "shape": {"shape": x}}
+        nodes += [
+            _node(f"x{tag}", "Placeholder", [], [x], **placeholder),
+            _node(f"dy{tag}", "Placeholder", [], [x], **placeholder),
+            _node(
+                f"gamma{tag}",
+                "Const",
+                [],
+                [[c]],
+                dtype={"type": "float32"},
+                value={"tensor": {"dtype": "float32", "shape": [c], "values": [1.0] * c}},
+            ),
+        ]
+        inputs = [f"gamma{tag}"] * 4
+        nodes += [
+            _node(
+                f"forward{tag}",
+                "FusedBatchNormV3",
+                [f"x{tag}", *inputs],
+                [x, *[[c]] * 5],
+                data_format="NCHW",
+                is_training=True,
+            ),
+            _node(
+                f"backward{tag}",
+                "FusedBatchNormGradV3",
+                [f"dy{tag}", f"x{tag}", *inputs],
+                [x, *[[c]] * 4],
+                data_format="NCHW",
+                is_training=True,
+            ),
+        ]
+    # one parameter, trained on the first gradient: the analyzer wants a training graph
+    s, c = shapes[0]
+    resource = {"dtype": {"type": "float32"}, "shape": {"shape": [c]}}
+    nodes += [
+        {**_node("w", "VarHandleOp", [], [], **resource), "outputs": [_RESOURCE]},
+        _node(
+            "lr",
+            "Const",
+            [],
+            [[]],
+            dtype={"type": "float32"},
+            value={"tensor": {"dtype": "float32", "shape": [], "values": [0.1]}},
+        ),
+        _node(
+            "update",
+            "ResourceApplyGradientDescent",
+            ["w", "lr", f"backward{s}x{c}:1"],
+            [],
+            T={"type": "float32"},
+        ),
+    ]
+    nodes.append(_node("sink", "NoOp", [f"^{n['name']}" for n in nodes], []))
+    return {"nodes": nodes}
+
+
+def predicted_s(measured: dict, spec: Any) -> dict[tuple[int, int, int, str], float]:
+    """The cost model's seconds of every measured shape's forward and backward on ``spec``."""
+    from tagplan.planner.cost.op_time import OpCostModel
+    from tagplan.planner.graph.analyzer import analyze
+    from tagplan.planner.graph.neutral_json import graph_def_from_json
+
+    seconds = {}
+    for batch in sorted({row["batch"] for row in measured["rows"]}):
+        shapes = [(r["spatial"], r["channels"]) for r in measured["rows"] if r["batch"] == batch]
+        ir = analyze(graph_def_from_json(batch_norm_graph(batch, shapes)))
+        times = OpCostModel.for_gpu_types(ir, [spec]).op_times(0, batch).seconds
+        for s, c in shapes:
+            for direction in DIRECTIONS:
+                seconds[batch, s, c, direction] = float(times[ir.op_index(f"{direction}{s}x{c}")])
+    return seconds
+
+
+def _band(row: dict) -> tuple[str, str]:
+    """The row's channel band and per-channel elements band."""
+    c, per_channel = row["channels"], row["batch"] * row["spatial"] ** 2
+    channels = next(f"<= {b}" for b in (32, 64, 128, 256, 2048) if c <= b)
+    work = "< 20k" if per_channel < 20_000 else "20k-100k" if per_channel < 100_000 else ">= 100k"
+    return channels, work
+
+
+def compare(measured_path: Path, write: bool) -> None:
+    from bench.gpu_kernels import DEVICE_TYPES
+    from bench.report import write_section
+    from tagplan.planner.topology import builtin_catalog
+
+    raw = measured_path.read_bytes()
+    measured = json.loads(gzip.decompress(raw) if measured_path.suffix == ".gz" else raw)
+    device = measured["device"]
+    type_name = next((t for prefix, t in DEVICE_TYPES.items() if prefix in device), None)
+    if type_name is None:
+        raise SystemExit(f"no catalog type for {device!r}: add it to bench.gpu_kernels")
+    spec = builtin_catalog()[type_name]
+    bounded = predicted_s(measured, spec)
+    roofline = predicted_s(measured, spec.model_copy(update={"multiprocessors": None}))
+    bands: dict[tuple[str, str], list[dict]] = {}
+    for row in measured["rows"]:
+        bands.setdefault(_band(row), []).append(row)
+    lines = [
+        f"Training batch norms timed with PyTorch {measured['torch']} (cuDNN "
+        f"{measured['cudnn']}) on {device} ({measured['multiprocessors']} multiprocessors, "
+        f"copy {measured['copy_gb_per_s']:,.0f} GB/s), {len(measured['rows'])} shapes "
+        f"(batch {', '.join(map(str, BATCHES))} x spatial {', '.join(map(str, SPATIAL))} x "
+        f"channels {CHANNELS[0]}-{CHANNELS[-1]}), priced for the catalog's `{type_name}`. "
+        "Median of predicted / measured per band of channels and of elements per channel "
+        "(batch x height x width), with the channel bound (`bound`) and without it "
+        "(`roofline`); cuDNN in NCHW is what TensorFlow runs for float32:",
+        "",
+        "| channels | elements per channel | shapes | implementation | forward, roofline | "
+        "forward, bound | backward, roofline | backward, bound |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    work_order = ("< 20k", "20k-100k", ">= 100k")
+    for band in sorted(bands, key=lambda b: (int(b[0][3:]), work_order.index(b[1]))):
+        rows = bands[band]
+        for implementation in IMPLEMENTATIONS:
+            cells = []
+            for direction in DIRECTIONS:
+                for model in (roofline, bounded):
+                    ratios = [
+                        model[row["batch"], row["spatial"], row["channels"], direction]
+                        / row[f"{implementation}_{direction}_s"]
+                        for row in rows
+                    ]
+                    cells.append(f"{np.median(ratios):.2f}")
+            lines.append(
+                f"| {band[0]} | {band[1]} | {len(rows)} | {implementation} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    body = "\n".join(lines)
+    print(body)
+    if write:
+        write_section(
+            f"gpu_batch_norm_{type_name}",
+            f"Batch norms timed on an {type_name}",
+            f"python -m bench.gpu_batch_norm compare {measured_path} --write",
+            body,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("measure").add_argument("--out", type=Path, required=True)
+    compared = commands.add_parser("compare")
+    compared.add_argument("measured", type=Path)
+    compared.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.command == "measure":
+        measure(args.out)
+    else:
+        compare(args.measured, args.write)
+
+
+if __name__ == "__main__":
+    main()
