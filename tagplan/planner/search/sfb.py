@@ -17,6 +17,11 @@ batch slice is 1/D of the tensor; a tensor every replica already has in full cos
 nothing to broadcast), L_gl the gradient's bytes and τ the bottleneck bandwidth among
 the D replica GPUs. Solved with CBC through PuLP, in bytes and seconds.
 
+Every term but the last is non-negative, so when duplicating g alone costs at least
+what the broadcast saves, ``(D-1) T_g >= 2 (D-1)/D · L_gl / τ``, no α with α_g = 1 beats
+synchronizing (objective 0, nothing duplicated) and the ILP is not built: most gradients
+of convolutional networks (a filter gradient is slow to compute and small to send).
+
 :func:`apply_sfb` runs the ILP for every gradient a strategy synchronizes and keeps the
 answers only when the simulator confirms the step is no slower.
 """
@@ -105,6 +110,38 @@ def solve_sfb(
         params.gradient_tensor[parameter] if synchronized_tensor is None else synchronized_tensor
     )
     g = int(ir.tensor_producer[gradient])
+    name = params.names[parameter]
+    synchronize_s = (
+        2 * (replicas - 1) / replicas * float(ir.tensor_bytes[gradient]) / bandwidth_bytes_per_s
+    )
+    if (replicas - 1) * float(op_time_s[g]) >= synchronize_s:
+        # the module docstring's bound: synchronizing is optimal
+        return SfbDecision(name, (), 0.0, time.perf_counter() - started)
+    duplicate_ops, saving_s = _solve_ilp(
+        ir, name, g, synchronize_s, replicas, op_time_s, bandwidth_bytes_per_s, depth, allowed
+    )
+    return SfbDecision(
+        parameter=name,
+        duplicate_ops=duplicate_ops,
+        saving_s=saving_s,
+        solve_time_s=time.perf_counter() - started,
+    )
+
+
+def _solve_ilp(
+    ir: GraphIR,
+    name: str,
+    g: int,
+    synchronize_s: float,
+    replicas: int,
+    op_time_s: np.ndarray,
+    bandwidth_bytes_per_s: float,
+    depth: int,
+    allowed: np.ndarray | None,
+) -> tuple[tuple[str, ...], float]:
+    """The ILP of the module docstring for parameter ``name``, whose gradient op ``g``
+    produces and synchronizing costs ``synchronize_s``: the ops to duplicate (none when
+    synchronizing is cheaper) and the saving."""
     ops = neighbourhood(ir, g, depth, allowed)
     inside = set(ops)
     d, tau = replicas, bandwidth_bytes_per_s
@@ -128,25 +165,19 @@ def solve_sfb(
             continue
         consumers = [i for j, i, _ in edges if j == k]
         problem += alpha[k] <= pulp.lpSum(alpha[i] for i in consumers)
-    synchronize = 2 * (d - 1) / d * float(ir.tensor_bytes[gradient]) / tau
     problem += (
         pulp.lpSum((d - 1) * float(op_time_s[i]) * alpha[i] for i in ops)
         + pulp.lpSum(cut_terms)
-        - synchronize * alpha[g]
+        - synchronize_s * alpha[g]
     )
     problem.solve(
         pulp.COIN_CMD(msg=False) if pulp.COIN_CMD().available() else pulp.PULP_CBC_CMD(msg=False)
     )
     if pulp.LpStatus[problem.status] != "Optimal":
-        raise InvalidInput(f"SFB ILP for {params.names[parameter]!r}: {problem.status}")
+        raise InvalidInput(f"SFB ILP for {name!r}: {problem.status}")
     chosen = [i for i in ops if (alpha[i].value() or 0) > 0.5]
     value = float(pulp.value(problem.objective) or 0.0)
-    return SfbDecision(
-        parameter=params.names[parameter],
-        duplicate_ops=tuple(ir.op_names[i] for i in chosen) if value < 0 else (),
-        saving_s=max(0.0, -value),
-        solve_time_s=time.perf_counter() - started,
-    )
+    return tuple(ir.op_names[i] for i in chosen) if value < 0 else (), max(0.0, -value)
 
 
 class _Modes:
