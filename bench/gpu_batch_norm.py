@@ -17,7 +17,6 @@ by channel count and by the bytes one channel streams.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from functools import partial
@@ -213,16 +212,12 @@ def _band(row: dict) -> tuple[str, str]:
 
 
 def compare(measured_path: Path, write: bool) -> None:
-    from bench.gpu_kernels import DEVICE_TYPES
+    from bench.gpu_kernels import read_measured
     from bench.report import write_section
     from tagplan.planner.topology import builtin_catalog
 
-    raw = measured_path.read_bytes()
-    measured = json.loads(gzip.decompress(raw) if measured_path.suffix == ".gz" else raw)
+    measured, type_name = read_measured(measured_path)
     device = measured["device"]
-    type_name = next((t for prefix, t in DEVICE_TYPES.items() if prefix in device), None)
-    if type_name is None:
-        raise SystemExit(f"no catalog type for {device!r}: add it to bench.gpu_kernels")
     spec = builtin_catalog()[type_name]
     bounded = predicted_s(measured, spec)
     roofline = predicted_s(measured, spec.model_copy(update={"multiprocessors": None}))

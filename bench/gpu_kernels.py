@@ -277,13 +277,20 @@ def memory_rows(
         )
 
 
-def compare(measured_path: Path) -> None:
-    raw = measured_path.read_bytes()
-    measured = json.loads(gzip.decompress(raw) if measured_path.suffix == ".gz" else raw)
+def read_measured(path: Path) -> tuple[dict, str]:
+    """A measurement written on a GPU (gzipped or not) and the catalog type of its GPU."""
+    raw = path.read_bytes()
+    measured = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     device = measured["device"]
     type_name = next((t for prefix, t in DEVICE_TYPES.items() if prefix in device), None)
     if type_name is None:
-        raise SystemExit(f"no catalog type for {device!r}: add it to DEVICE_TYPES")
+        raise SystemExit(f"no catalog type for {device!r}: add it to bench.gpu_kernels")
+    return measured, type_name
+
+
+def compare(measured_path: Path) -> None:
+    measured, type_name = read_measured(measured_path)
+    device = measured["device"]
     peaks = measured["peaks"]
     catalog = builtin_catalog()[type_name]
     lines = [
