@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tagplan.planner.cost.work import GraphWork, _attrs, _numel
+from tagplan.planner.cost.work import GraphWork, _attrs, _known, _numel
 from tagplan.planner.graph.ir import GraphIR
 
 __all__ = ["BACKWARD_SHARES", "FORWARD_SHARES", "STREAMED_DTYPES", "ChannelStreams"]
@@ -59,7 +59,10 @@ class ChannelStreams:
             if int(ir.tensor_dtype[ir.inputs(op)[0]]) not in STREAMED_DTYPES:
                 continue
             # output 1 is per channel: the batch mean forward, the scale's gradient backward
-            channels[op] = _numel(ir, ir.outputs(op)[1])
+            outputs = ir.outputs(op)
+            if len(outputs) < 2 or not _known(ir, outputs[1]):
+                continue  # channels unknown: the roofline alone
+            channels[op] = _numel(ir, outputs[1])
             shares[op] = _SHARES[formula]
         return cls(channels=channels, shares=shares)
 

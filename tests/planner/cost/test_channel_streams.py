@@ -26,10 +26,16 @@ GPU = GpuTypeSpec(
 BATCH = 8
 
 
-def batch_norm_ir(channels: int, dtype: str = "float32", training: bool = True) -> GraphIR:
-    """The dense training graph plus a batch norm and its gradient on ``[8, 32, 32, C]``."""
+def batch_norm_ir(
+    channels: int,
+    dtype: str = "float32",
+    training: bool = True,
+    per_channel_shape: list[int] | None = None,
+) -> GraphIR:
+    """The dense training graph plus a batch norm and its gradient on ``[8, 32, 32, C]``
+    (per-channel outputs of ``per_channel_shape``, default ``[C]``)."""
     x = [BATCH, 32, 32, channels]
-    per_channel = [(dtype, [channels])]
+    per_channel = [(dtype, per_channel_shape or [channels])]
     attrs: dict[str, Any] = {"T": {"type": dtype}, "U": {"type": "float32"}}
     attrs["is_training"] = training
     doc = dense_graph(batch=BATCH)
@@ -115,3 +121,15 @@ def test_every_catalog_gpu_names_its_multiprocessors() -> None:
     assert catalog["H100"].multiprocessors == 16896 // 128
     assert catalog["V100-16GB"].multiprocessors == 5120 // 64
     assert catalog["K80"].multiprocessors == 2496 // 192
+
+
+def test_unknown_channels_keep_the_roofline() -> None:
+    """A batch norm whose per-channel outputs have no known size is not bounded by a
+    guess at its channels."""
+    ir = batch_norm_ir(16)
+    known = seconds(ir)
+    unknown = batch_norm_ir(16, per_channel_shape=[-1])
+    assert tuple(unknown.tensor_shapes[unknown.outputs(unknown.op_index("bn"))[1]]) == (-1,)
+    unbounded = GPU.model_copy(update={"multiprocessors": None})
+    assert seconds(unknown) == seconds(unknown, unbounded)
+    assert known["bn"] > seconds(unknown)["bn"]
