@@ -32,7 +32,6 @@ BATCHES = (16, 64)
 MAX_ELEMENTS = 2**28
 IMPLEMENTATIONS = ("cudnn_nchw", "cudnn_nhwc", "native_nchw")
 DIRECTIONS = ("forward", "backward")
-_RESOURCE = {"dtype": "resource", "shape": []}
 
 
 def grid() -> list[tuple[int, int, int]]:
@@ -112,78 +111,49 @@ def measure(out: Path) -> None:
     print(f"{len(result['rows'])} shapes in {time.perf_counter() - started:.0f} s -> {out}")
 
 
-def _node(name: str, op: str, inputs: list[str], outputs: list[list[int]], **attrs: Any) -> dict:
-    float32 = {"type": "float32"}
-    return {
-        "name": name,
-        "op": op,
-        "inputs": inputs,
-        "attrs": {"T": float32, "U": float32, **attrs} if op.startswith("Fused") else attrs,
-        "outputs": [{"dtype": "float32", "shape": shape} for shape in outputs],
-    }
-
-
 def batch_norm_graph(batch: int, shapes: list[tuple[int, int]]) -> dict:
     """A graph in the JSON form holding the training batch norm and its gradient (NCHW,
-    as TensorFlow runs them on a GPU) of every ``(spatial, channels)`` at ``batch``."""
+    as TensorFlow runs them on a GPU) of every ``(spatial, channels)`` at ``batch``, and
+    one parameter trained on the first gradient (the analyzer wants a training graph)."""
+    from tests.planner.graph.builders import (
+        const,
+        document,
+        node,
+        placeholder,
+        scalar,
+        sgd,
+        variable,
+    )
+
+    float32 = {"type": "float32"}
+    attrs = {"T": float32, "U": float32, "data_format": "NCHW", "is_training": True}
     nodes = []
     for s, c in shapes:
         x, tag = [batch, c, s, s], f"{s}x{c}"
-        placeholder = {"dtype": {"type": "float32"}, "shape": {"shape": x}}
+        per_channel, gamma = [("float32", [c])], [f"gamma{tag}"] * 4
         nodes += [
-            _node(f"x{tag}", "Placeholder", [], [x], **placeholder),
-            _node(f"dy{tag}", "Placeholder", [], [x], **placeholder),
-            _node(
-                f"gamma{tag}",
-                "Const",
-                [],
-                [[c]],
-                dtype={"type": "float32"},
-                value={"tensor": {"dtype": "float32", "shape": [c], "values": [1.0] * c}},
-            ),
-        ]
-        inputs = [f"gamma{tag}"] * 4
-        nodes += [
-            _node(
+            placeholder(f"x{tag}", x),
+            placeholder(f"dy{tag}", x),
+            const(f"gamma{tag}", [1.0] * c, "float32"),
+            node(
                 f"forward{tag}",
                 "FusedBatchNormV3",
-                [f"x{tag}", *inputs],
-                [x, *[[c]] * 5],
-                data_format="NCHW",
-                is_training=True,
+                [f"x{tag}", *gamma],
+                [("float32", x), *per_channel * 5],
+                **attrs,
             ),
-            _node(
+            node(
                 f"backward{tag}",
                 "FusedBatchNormGradV3",
-                [f"dy{tag}", f"x{tag}", *inputs],
-                [x, *[[c]] * 4],
-                data_format="NCHW",
-                is_training=True,
+                [f"dy{tag}", f"x{tag}", *gamma],
+                [("float32", x), *per_channel * 4],
+                **attrs,
             ),
         ]
-    # one parameter, trained on the first gradient: the analyzer wants a training graph
     s, c = shapes[0]
-    resource = {"dtype": {"type": "float32"}, "shape": {"shape": [c]}}
-    nodes += [
-        {**_node("w", "VarHandleOp", [], [], **resource), "outputs": [_RESOURCE]},
-        _node(
-            "lr",
-            "Const",
-            [],
-            [[]],
-            dtype={"type": "float32"},
-            value={"tensor": {"dtype": "float32", "shape": [], "values": [0.1]}},
-        ),
-        _node(
-            "update",
-            "ResourceApplyGradientDescent",
-            ["w", "lr", f"backward{s}x{c}:1"],
-            [],
-            T={"type": "float32"},
-        ),
-    ]
-    nodes.append(_node("sink", "NoOp", [f"^{n['name']}" for n in nodes], []))
-    return {"nodes": nodes}
+    nodes += [*variable("w", [c]), scalar("lr", 0.1), sgd("update", "w", f"backward{s}x{c}:1")]
+    nodes.append(node("sink", "NoOp", [f"^{n['name']}" for n in nodes]))
+    return document(nodes)
 
 
 def predicted_s(measured: dict, spec: Any) -> dict[tuple[int, int, int, str], float]:
@@ -203,12 +173,16 @@ def predicted_s(measured: dict, spec: Any) -> dict[tuple[int, int, int, str], fl
     return seconds
 
 
-def _band(row: dict) -> tuple[str, str]:
-    """The row's channel band and per-channel elements band."""
-    c, per_channel = row["channels"], row["batch"] * row["spatial"] ** 2
-    channels = next(f"<= {b}" for b in (32, 64, 128, 256, 2048) if c <= b)
-    work = "< 20k" if per_channel < 20_000 else "20k-100k" if per_channel < 100_000 else ">= 100k"
-    return channels, work
+CHANNEL_BANDS = (32, 64, 128, 256, 2048)
+WORK_BANDS = ("< 20k", "20k-100k", ">= 100k")
+
+
+def _band(row: dict) -> tuple[int, int]:
+    """The row's channel band (its upper bound) and elements-per-channel band (an index
+    of ``WORK_BANDS``)."""
+    per_channel = row["batch"] * row["spatial"] ** 2
+    channels = next(b for b in CHANNEL_BANDS if row["channels"] <= b)
+    return channels, int(per_channel >= 20_000) + int(per_channel >= 100_000)
 
 
 def compare(measured_path: Path, write: bool) -> None:
@@ -221,7 +195,7 @@ def compare(measured_path: Path, write: bool) -> None:
     spec = builtin_catalog()[type_name]
     bounded = predicted_s(measured, spec)
     roofline = predicted_s(measured, spec.model_copy(update={"multiprocessors": None}))
-    bands: dict[tuple[str, str], list[dict]] = {}
+    bands: dict[tuple[int, int], list[dict]] = {}
     for row in measured["rows"]:
         bands.setdefault(_band(row), []).append(row)
     lines = [
@@ -238,8 +212,7 @@ def compare(measured_path: Path, write: bool) -> None:
         "forward, bound | backward, roofline | backward, bound |",
         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    work_order = ("< 20k", "20k-100k", ">= 100k")
-    for band in sorted(bands, key=lambda b: (int(b[0][3:]), work_order.index(b[1]))):
+    for band in sorted(bands):
         rows = bands[band]
         for implementation in IMPLEMENTATIONS:
             cells = []
@@ -252,7 +225,7 @@ def compare(measured_path: Path, write: bool) -> None:
                     ]
                     cells.append(f"{np.median(ratios):.2f}")
             lines.append(
-                f"| {band[0]} | {band[1]} | {len(rows)} | {implementation} | "
+                f"| <= {band[0]} | {WORK_BANDS[band[1]]} | {len(rows)} | {implementation} | "
                 + " | ".join(cells)
                 + " |"
             )

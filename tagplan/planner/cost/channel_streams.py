@@ -4,10 +4,10 @@ A training batch norm reduces every channel over the batch and the spatial posit
 (the mean and variance forward; the sums of ``dy`` and ``dy * x_hat`` backward) before
 it can write its output. TensorFlow runs float32 batch norms on a GPU in NCHW (its
 layout optimizer moves float32 convolutional graphs there) with cuDNN's spatial batch
-normalization, whose kernels give each channel's reduction and rewrite to one thread
-block: a layer with fewer channels than the GPU has multiprocessors leaves the others
-idle, and each channel streams its ``N*H*W`` elements at the bandwidth one
-multiprocessor draws. The op's memory time is then at least
+normalization, whose kernels, timed, behave as if each channel ran on one multiprocessor:
+each channel streams its ``N*H*W`` elements at about the bandwidth one multiprocessor
+draws, and a layer with fewer channels than the GPU has multiprocessors leaves the others
+idle. The op's memory time is then at least
 
     bytes / (C * peak bandwidth / (SMs * s))
 
@@ -17,8 +17,8 @@ reading pass for the statistics, one to normalize), ``BACKWARD_SHARES`` for the 
 (two reductions, then ``dx``). Both were fitted on cuDNN's kernels timed on an H100 over
 a grid of shapes (``bench/gpu_batch_norm.py``; docs/cost-formulas.md, "Batch norms: one
 channel per multiprocessor"). Layers with many channels, inference batch norms (an
-elementwise ``x * a + b``) and half-precision ones (NHWC, whose cuDNN kernels spread a
-channel over the GPU) keep the roofline.
+elementwise ``x * a + b``) and half-precision ones (NHWC, where cuDNN's timed kernels
+show no such limit) keep the roofline.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import pytest
 
 from tagplan.planner.cost.channel_streams import BACKWARD_SHARES, FORWARD_SHARES
 from tagplan.planner.cost.op_time import Efficiency, OpCostModel
+from tagplan.planner.cost.work import graph_work
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.topology import GpuTypeSpec, builtin_catalog
@@ -68,7 +69,7 @@ def seconds(ir: GraphIR, spec: GpuTypeSpec = GPU) -> dict[str, float]:
 
 
 def bytes_of(ir: GraphIR) -> dict[str, float]:
-    work = OpCostModel.for_gpu_types(ir, [GPU]).work
+    work = graph_work(ir)
     return {name: float(work.bytes_moved[ir.op_index(name)]) for name in ("bn", "bn_grad")}
 
 
