@@ -75,7 +75,7 @@ from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible, InvalidInput
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluator, warm_up
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
@@ -306,6 +306,7 @@ class Planner:
         lasts (m-SCT's LP stops at it) and no later than the steps every plan runs must
         start (:meth:`_unskippable_s`)."""
         self._enter("baselines")
+        warm_up()  # the reference's time is then an evaluation's, not the kernels' compile
         ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
         scores: dict[str, BaselineScore] = {}
         skipped: list[str] = []

@@ -4,6 +4,9 @@ the search's convergence stop, and the shared work computed once per job."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -73,6 +76,36 @@ def test_the_baselines_give_way_to_the_steps_every_plan_runs(monkeypatch, graphd
     else:
         assert len(planner.baselines) > 1
         assert planner.phases.reports["baselines"].status == "done"
+
+
+_COLD_PLAN = """
+import json
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.plan import PlanOptions, plan
+from tagplan.planner.topology import load_cluster
+
+source = load_graph_source("zoo:small_cnn")
+ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+options = PlanOptions(budget_s=25.0, iterations=3, sfb=False, pipeline=False)
+result = plan(ir, load_cluster("testbed"), options=options)
+print(json.dumps({"phases": result.phases, "iterations": result.iterations}))
+"""
+
+
+def test_a_cold_simulator_is_not_taken_for_slow_evaluations(tmp_path) -> None:
+    """On a fresh install numba builds the simulator's kernels on first use (seconds):
+    the planner has them built before it times the reference evaluation, so a first plan
+    scores every baseline and searches instead of believing an evaluation costs seconds.
+    A process of its own, with an empty kernel cache."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", _COLD_PLAN], env=env, capture_output=True, text=True, check=True
+    )
+    assert list(tmp_path.rglob("*.nbi")), "the kernels were not built in the empty cache"
+    answer = json.loads(run.stdout.splitlines()[-1])
+    assert answer["phases"]["baselines"]["status"] == "done"
+    assert answer["phases"]["search"]["status"] == "done" and answer["iterations"] == 3
 
 
 def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
