@@ -23,7 +23,8 @@ A search compiles hundreds of strategies of one graph, so :class:`TaskCompiler` 
 what does not depend on the strategy once — the IR's adjacency and tensor sizes as Python
 lists, every path's links, communication times per devices and bytes — and the loop over
 op instances touches only lists and dicts. Neighbouring strategies place most ops alike,
-so what publishing an op's outputs adds is remembered across compiles by the op's rows.
+so what publishing an op's outputs adds is remembered across compiles by the op's rows
+(and shared by the ops whose outputs have the same kinds and sizes).
 An op's outputs are published as blocks, not one copy per instance: a reader with the
 same rows (most of data parallelism) reads them as ranges, and any other rule first
 turns the block into the copies it looks up. Op times are set for every instance at once
@@ -252,10 +253,33 @@ class TaskCompiler:
         pairs = np.array(sorted(set(slices)), dtype=np.int64).reshape(-1, 2)
         self.slice_producer, self.slice_reader = pairs[:, 0], pairs[:, 1]
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
+        self.op_signature = self._output_signatures()
         self._outputs: dict[tuple, _Outputs] = {}
         self._remembered_instances = 0
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
+
+    def _output_signatures(self) -> list[int]:
+        """Per op, a number that ops whose outputs publish alike share: what
+        :meth:`outputs` reads of an op's outputs (each one's split kind, bytes, and whether
+        it carries the batch) and nothing else. A layer's ops share their output shapes,
+        and the search places a whole op group at once: one op computes what publishing
+        its same-shaped neighbours adds."""
+        numbers: dict[tuple, int] = {}
+        return [
+            numbers.setdefault(
+                tuple(
+                    (
+                        self.tensor_split_kind[t],
+                        self.tensor_memory_bytes[t],
+                        self.tensor_carries[t],
+                    )
+                    for t in tensors
+                ),
+                len(numbers),
+            )
+            for tensors in self.op_outputs
+        ]
 
     def compile(self, resolved: ResolvedStrategy, *, by_class: bool = False) -> CompiledTasks:
         """The task graph of one resolved strategy; ``by_class`` compiles each symmetry
@@ -286,9 +310,10 @@ class TaskCompiler:
     ) -> _Outputs:
         """The buffers and copies that publishing ``op``'s instances at ``rows`` makes
         (a split op's rows shared by each class's ``members``), remembered across
-        compiles by rows, mode and class sizes (``members_key``): neighbouring strategies
-        of a search place most ops alike."""
-        key = (op, rows, split, members_key)
+        compiles and ops by the op's output signature, rows, mode and class sizes
+        (``members_key``): neighbouring strategies of a search place most ops alike, and
+        an op group's ops of one shape alike."""
+        key = (self.op_signature[op], rows, split, members_key)
         found = self._outputs.get(key)
         if found is not None:
             return found

@@ -233,6 +233,20 @@ def test_remembered_outputs_follow_the_mode_and_the_class_sizes(ir, cluster) -> 
     assert compiler.outputs(dw, rows, False, alone, per_gpu).kinds == ((0,),)  # the gradient
 
 
+def test_ops_whose_outputs_publish_alike_share_what_is_remembered(ir, cluster) -> None:
+    """Remembered by what publishing reads of an op's outputs (kind, bytes, batch): ``dy``
+    (OnesLike of ``y``) publishes what ``y`` does at the same rows, and is given it; ``x``
+    (a batch of another width) and ``dw`` (partial sums) are not."""
+    compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
+    x, y, dy, dw = (ir.op_names.index(name) for name in ("x", "y", "dy", "dw"))
+    rows, alone = ((0, 0, BATCH // 2), (2, BATCH // 2, BATCH)), [1, 1, 1, 1]
+    published = compiler.outputs(y, rows, True, alone, None)
+    assert compiler.outputs(dy, rows, True, alone, None) is published
+    for other in (x, dw):
+        assert compiler.outputs(other, rows, True, alone, None) != published
+    assert compiler.outputs(x, rows, True, alone, None).nbytes == (BATCH // 2 * FEATURES * 4,) * 2
+
+
 def two_heads_graph() -> dict:
     """loss = sum(x @ w) + sum(x @ v), SGD on both: two gradients, ``dw`` of
     ``FEATURES * UNITS`` floats and ``dv`` of ``FEATURES * 2 * UNITS``."""
