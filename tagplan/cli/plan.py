@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -122,6 +123,14 @@ def plan_command(
                 progress=show,
                 deadline=deadline,
                 prior=search_prior,
+            )
+        if result.graphdef_deferred:
+            started = time.perf_counter()
+            result = result.with_graphdef(source.graph_def, ir, target)
+            error_console.print(
+                "note: the distributed GraphDef did not fit in the budget and was compiled "
+                f"after the plan ({time.perf_counter() - started:.1f} s)",
+                highlight=False,
             )
     if out is not None:
         _write_outputs(out, result, source.label)

@@ -49,9 +49,13 @@ budget), the final simulations (each timed like DP-NCCL's evaluation), the plan'
 per-GPU simulation and the distributed GraphDef (both scaled by the GPUs per symmetry
 class, as their cost grows with the GPUs); a pipeline it has no time left to simulate is
 not simulated; it also stops once it has converged (:mod:`~.search.mcts`). SFB stops at
-its share. Every phase's status (``done``, ``truncated``, ``skipped``) and wall time are
-in the result. ``iterations`` bounds each tree; with an iteration budget that neither
-the time budget nor convergence cuts, a seed always gives the same plan.
+its share. The distributed GraphDef is compiled only when its estimate ends within a
+tenth of the budget past the deadline: otherwise the plan answers without it
+(``graphdef_deferred``) and the caller compiles it after the answer, so the GraphDef of a
+large allocation (seconds per 64 GPUs) never holds the answer past its budget. Every
+phase's status (``done``, ``truncated``, ``skipped``) and wall time are in the result.
+``iterations`` bounds each tree; with an iteration budget that neither the time budget
+nor convergence cuts, a seed always gives the same plan.
 
 The expensive work shared by a job's steps (grouping, baselines, the reference's step)
 is done once: :meth:`Planner.prepared` gives it as JSON and a ``Planner`` built with
@@ -129,6 +133,8 @@ _FINISH_EVALUATIONS = 4
 # on one machine: ResNet-101 on scale:64 3.4, BERT-Large and the Transformer on cloud 3.0
 # and 3.4), with a margin
 _GRAPHDEF_EVALUATIONS = 4
+# a plan may end this share of its budget late rather than answer without its GraphDef
+_GRAPHDEF_OVERRUN_SHARE = 0.1
 # baselines whose task graph is as large as the reference's: their evaluation times it
 _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
 # baselines simulated per GPU (a parameter server on every GPU leaves no two alike; a
@@ -164,8 +170,10 @@ class Planner:
 
     Construction runs the group and baseline phases, or takes them from ``prepared``
     (what :meth:`prepared` returned for the same inputs). ``deadline`` defaults to
-    ``options.budget_s`` from now; ``graphdef`` says whether :meth:`finish` will compile
-    the distributed GraphDef, so the search leaves time for it. ``start`` (a strategy
+    ``options.budget_s`` from now; ``graphdef`` says whether :meth:`finish` will be
+    given the GraphDef to compile, so the search leaves time for it (none when, timed
+    from DP-NCCL's evaluation, the compile would not fit in the budget: the plan then
+    answers without it, ``graphdef_deferred``). ``start`` (a strategy
     found before, in this cluster's device groups) warm-starts every search tree
     (:mod:`~.search.warm_start`) and is a contender of :meth:`finish` as itself
     (``chosen_from="start"``), so the plan is never slower than it.
@@ -210,6 +218,7 @@ class Planner:
             }
             self.evaluation_s = float(prepared["evaluation_s"])
             self.per_gpu_factor = float(prepared.get("per_gpu_factor", 1.0))
+            self.graphdef = graphdef and prepared.get("graphdef", True)
             self.phases = PhaseLog(
                 {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
             )
@@ -237,6 +246,7 @@ class Planner:
             "baselines": {name: asdict(score) for name, score in self.baselines.items()},
             "evaluation_s": self.evaluation_s,
             "per_gpu_factor": self.per_gpu_factor,
+            "graphdef": self.graphdef,
             "phases": self.phases.to_dict(),
             "lower_bound_s": self.lower_bound_s(),
             "layouts": [] if self.layouts is None else [x.to_dict() for x in self.layouts.layouts],
@@ -342,6 +352,9 @@ class Planner:
             if name == REFERENCE:
                 self.evaluation_s = seconds
                 self.per_gpu_factor = evaluation.compiled.per_gpu_factor
+                finish_s = _FINISH_EVALUATIONS * self.evaluation_s
+                if self.graphdef and not self._graphdef_fits(self.deadline.left_s() - finish_s):
+                    self.graphdef = False  # compiled after the answer: no time kept for it
                 # the other baselines end where the steps every plan runs must start
                 ends_at = min(ends_at, self.deadline.at_s - self._unskippable_s())
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
@@ -450,6 +463,14 @@ class Planner:
         as a per-GPU simulation does."""
         return _GRAPHDEF_EVALUATIONS * self.per_gpu_factor * self.evaluation_s if graphdef else 0.0
 
+    def _graphdef_fits(self, left_s: float) -> bool:
+        """Whether the distributed GraphDef's compile, started with ``left_s`` left in the
+        budget, ends at most :data:`_GRAPHDEF_OVERRUN_SHARE` of the budget late (as
+        estimated): the compile cannot stop part way, and a plan answers without it
+        rather than later (``graphdef_deferred``)."""
+        overrun_s = _GRAPHDEF_OVERRUN_SHARE * self.options.budget_s
+        return self._graphdef_s(True) <= left_s + overrun_s
+
     def _unskippable_s(self) -> float:
         """What a plan runs however late it is: the finish's simulations of its
         contenders and the distributed GraphDef (the per-GPU timeline can be left out)."""
@@ -506,7 +527,8 @@ class Planner:
         faster, simulate it for the trace and compile it."""
         searched = [o for o in outcomes if o.iterations]
         self._record_search(outcomes, searched)
-        reserve_s = self._last_steps_s(graph_def is not None)
+        reserve_graphdef = graph_def is not None and self.graphdef
+        reserve_s = self._last_steps_s(reserve_graphdef)
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)
@@ -535,7 +557,7 @@ class Planner:
         _, _, _, chosen_from, sfb_decisions, evaluation = min(finals, key=lambda f: f[:3])
         strategy = evaluation.strategy
         if evaluation.compiled.symmetry is not None:  # every GPU's timeline, same step
-            if self.deadline.left_s() > self._per_gpu_steps_s(graph_def is not None):
+            if self.deadline.left_s() > self._per_gpu_steps_s(reserve_graphdef):
                 evaluation = self.evaluator.evaluate(strategy, by_class=False)
             else:
                 self.phases.mark(
@@ -557,9 +579,21 @@ class Planner:
                 f"no strategy fits in the GPUs' memory: {overflow / 2**30:.2f} GiB over {tried}",
                 overflow_bytes=overflow,
             )
-        distributed = None
+        distributed, deferred = None, False
         if graph_def is not None:
-            distributed = compile_graphdef(graph_def, self.ir, self.cluster, evaluation.resolved)
+            if self._graphdef_fits(self.deadline.left_s()):
+                distributed = compile_graphdef(
+                    graph_def, self.ir, self.cluster, evaluation.resolved
+                )
+            else:  # the answer keeps its budget; the caller compiles the GraphDef after it
+                deferred = True
+                report = self.phases.reports["compile"]
+                notes = [report.note] if report.note else []
+                note = (
+                    f"the distributed GraphDef (about {self._graphdef_s(True):.1f} s to "
+                    "compile) did not fit in the budget: it is compiled after the answer"
+                )
+                self.phases.mark("compile", "truncated", "; ".join([*notes, note]))
         comm_bound_s = self._comm_bound_s()
         self.phases.leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
@@ -580,6 +614,7 @@ class Planner:
             estimated=estimated_inputs(evaluation, self.evaluator.comm),
             sfb=sfb_decisions,
             distributed=distributed,
+            graphdef_deferred=deferred,
             phases=self.phases.to_dict(),
             stop_reason=_stop_reason(outcomes),
             prior=(self.prior or UniformPrior()).name,
@@ -642,7 +677,9 @@ def plan(
     deadline: Deadline | None = None,
 ) -> PlanResult:
     """Plan ``ir`` on ``cluster`` (module docstring); ``graph_def`` (the graph ``ir`` was
-    analyzed from) adds the distributed GraphDef to the result. ``deadline`` (default:
+    analyzed from) adds the distributed GraphDef to the result, unless its compile does
+    not fit in what the budget leaves (``result.graphdef_deferred``: compile it then with
+    ``result.with_graphdef``). ``deadline`` (default:
     ``options.budget_s`` from now) lets a caller count work done before, such as reading
     and analyzing the graph."""
     planner = Planner(

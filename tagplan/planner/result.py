@@ -3,17 +3,19 @@ baseline on the same simulator, the lower bound, and which numbers were estimate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tagplan.planner.compile.graphdef import DistributedGraph
+from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.evaluate import Evaluation
+from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.report import report_markdown
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.search.sfb import SfbDecision
 from tagplan.planner.sim.trace import chrome_trace
 from tagplan.planner.strategy import Strategy
+from tagplan.planner.topology import Cluster
 
 __all__ = ["PlanResult", "estimated_inputs"]
 
@@ -49,6 +51,9 @@ class PlanResult:
     ``skipped``; several shards join theirs with ``+``).
     ``plan_time_s`` is the wall time from the start of planning to the result; ``prior``
     names the search's prior (``uniform`` or the GNN checkpoint, ``gnn:<digest>``).
+    ``graphdef_deferred``: the distributed GraphDef was asked for but its compile did not
+    fit in what the budget left, so the plan answered without it (``distributed`` is
+    ``None`` until the caller compiles it after the answer, :meth:`with_graphdef`).
     """
 
     strategy: Strategy
@@ -67,6 +72,14 @@ class PlanResult:
     stop_reason: str = "budget"
     prior: str = "uniform"
     comm_bound_s: float | None = None
+    graphdef_deferred: bool = False
+
+    def with_graphdef(self, graph_def: Any, ir: GraphIR, cluster: Cluster) -> PlanResult:
+        """This result with its distributed GraphDef compiled over ``graph_def`` (the graph
+        ``ir`` was analyzed from) for the chosen strategy: what a plan whose budget left
+        the compile out (``graphdef_deferred``) answers after its answer."""
+        compiled = compile_graphdef(graph_def, ir, cluster, self.evaluation.resolved)
+        return replace(self, distributed=compiled)
 
     @property
     def phase_seconds(self) -> dict[str, float]:
@@ -129,6 +142,7 @@ class PlanResult:
             if self.comm_bound_s
             else None,
             "chosen_from": self.chosen_from,
+            "graphdef_deferred": self.graphdef_deferred,
             "plan_time_s": self.plan_time_s,
             "phase_seconds": self.phase_seconds,
             "phases": self.phases,

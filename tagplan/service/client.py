@@ -30,13 +30,16 @@ INLINE_LIMIT_BYTES = 8 << 20
 
 class TagplanError(Exception):
     """An error answer: ``status`` and the problem document (``detail`` says what is wrong);
-    status 0 when no answer came."""
+    status 0 when no answer came; ``retry_after_s`` when the service said when to retry."""
 
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+    def __init__(
+        self, status: int, problem: dict[str, Any], retry_after_s: float | None = None
+    ) -> None:
         prefix = f"{status}: " if status else ""
         super().__init__(f"{prefix}{problem.get('detail') or problem.get('title')}")
         self.status = status
         self.problem = problem
+        self.retry_after_s = retry_after_s
 
 
 class ServiceUnreachable(TagplanError):
@@ -93,7 +96,9 @@ class TagplanClient:
             hint = _HINTS.get(response.status_code)
             if hint:
                 problem = {**problem, "detail": f"{problem.get('detail')}; {hint}"}
-            raise TagplanError(response.status_code, problem)
+            retry = response.headers.get("Retry-After", "")
+            retry_after_s = float(retry) if retry.isdigit() else None
+            raise TagplanError(response.status_code, problem, retry_after_s)
         return response
 
     def upload_graph(self, data: bytes, *, label: str = "") -> dict[str, Any]:
@@ -171,14 +176,28 @@ class TagplanClient:
     def result(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/result").json()
 
-    def graphdef(self, job_id: str) -> bytes:
-        return self._call("GET", f"/v1/jobs/{job_id}/graphdef").content
+    def _artifact(self, path: str, timeout_s: float) -> httpx.Response:
+        """A job's artifact, waiting while the service answers 409 with ``Retry-After``
+        (one written after the answer: a cache answer's trace, a GraphDef whose compile
+        did not fit in the budget), up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._call("GET", path)
+            except TagplanError as exc:
+                retry_s = exc.retry_after_s or 0.0
+                if exc.status != 409 or not retry_s or time.monotonic() + retry_s > deadline:
+                    raise
+                time.sleep(retry_s)
 
-    def device_map(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/device-map").json()
+    def graphdef(self, job_id: str, *, timeout_s: float = 600.0) -> bytes:
+        return self._artifact(f"/v1/jobs/{job_id}/graphdef", timeout_s).content
 
-    def trace(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/trace").json()
+    def device_map(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
+        return self._artifact(f"/v1/jobs/{job_id}/device-map", timeout_s).json()
+
+    def trace(self, job_id: str, *, timeout_s: float = 60.0) -> dict[str, Any]:
+        return self._artifact(f"/v1/jobs/{job_id}/trace", timeout_s).json()
 
     def strategies(self, *, graph: str, cluster: str, batch_size: int | None = None) -> dict:
         """Cached strategies (``cluster``: fingerprint, stored cluster id or name)."""

@@ -432,10 +432,16 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        if session.get(Result, job_id) is not None:
+        answered = session.get(Result, job_id)
+        if answered is not None:  # stored before this step stopped: what it had left to do
             job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
-            return None
+            deferred = answered.summary.get("graphdef_deferred", False)
+            missing = deferred and answered.graphdef_digest is None
         stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
+    if answered is not None:
+        if missing:
+            _attach_graphdef(settings, job_id, load_inputs(settings, job_id))
+        return None
     if len(stored) < shards:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
     inputs = load_inputs(settings, job_id)
@@ -459,9 +465,29 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     with session_scope(url) as session:
         if not _store_result(session, job_id, inputs, stored, trace):
             return None
-        if complete or options.get("refine_s") is None:
-            return None
-        return add_refinement(session, job_id)
+        refinement = None
+        if not complete and options.get("refine_s") is not None:
+            refinement = add_refinement(session, job_id)
+    if result.graphdef_deferred:
+        _attach_graphdef(settings, job_id, inputs)
+    return refinement
+
+
+def _attach_graphdef(settings: Settings, job_id: str, inputs: JobInputs) -> None:
+    """Compile the distributed GraphDef of a job answered without it (its budget left the
+    compile out, ``graphdef_deferred``) for the strategy it stored, and attach it and its
+    device map to the result: the answer did not wait for it, the GraphDef follows."""
+    from tagplan.planner.compile.graphdef import compile_graphdef
+    from tagplan.planner.strategy import resolve
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        strategy = load_strategy(session.get(Result, job_id).summary["strategy"])
+    resolved = resolve(strategy, inputs.ir, inputs.cluster)
+    compiled = compile_graphdef(inputs.graph_def, inputs.ir, inputs.cluster, resolved)
+    with session_scope(settings.sqlalchemy_url) as session:
+        row = session.get(Result, job_id)
+        row.graphdef_digest = put_blob(session, compiled.graph_def_bytes)
+        row.device_map = json.loads(json.dumps(compiled.device_map))
 
 
 def add_refinement(session: Any, parent_id: str) -> str:

@@ -45,6 +45,22 @@ def test_plan_json_and_output_directory(tmp_path) -> None:
     assert json.loads((out / "trace.json").read_text())["traceEvents"]
 
 
+def test_a_graphdef_past_the_budget_is_written_after_the_plan(tmp_path, monkeypatch) -> None:
+    """With ``--out``, a GraphDef whose compile did not fit in the budget is compiled
+    after the plan, said on stderr, and written like any other."""
+    from tagplan.planner import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
+    out = tmp_path / "plan"
+    args = ["plan", "zoo:mlp", "-c", "testbed", "--iterations", "3", "--no-sfb", "--json"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["graphdef_deferred"] is True
+    assert "compiled after the plan" in " ".join(result.stderr.split())
+    graph = GraphDef.FromString((out / "distributed.pb").read_bytes())
+    assert graph.node and json.loads((out / "device_map.json").read_text())
+
+
 def test_plan_refuses_bad_input_with_exit_2() -> None:
     result = runner.invoke(app, ["plan", "zoo:mlp", "-c", "nowhere"])
     assert result.exit_code == EXIT_BAD_INPUT

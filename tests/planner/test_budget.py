@@ -13,7 +13,10 @@ import pytest
 
 from tagplan.planner import plan as plan_module
 from tagplan.planner.budget import Deadline, PhaseReport
+from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.plan import Planner, PlanOptions, plan
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.topology import load_cluster
@@ -57,25 +60,56 @@ def test_a_plan_started_past_its_deadline_skips_all_it_may_and_still_answers() -
     assert "search: skipped" in result.report_markdown()
 
 
-@pytest.mark.parametrize("graphdef", [False, True])
-def test_the_baselines_give_way_to_the_steps_every_plan_runs(monkeypatch, graphdef) -> None:
-    """Past DP-NCCL, a baseline starts only if the finish's simulations and the
-    distributed GraphDef (estimated from the reference's evaluation) still fit after it:
-    a GraphDef reserve larger than the budget leaves the reference alone, and without a
-    GraphDef the same budget scores the others."""
+def test_the_baselines_give_way_to_the_steps_every_plan_runs(monkeypatch) -> None:
+    """Past DP-NCCL, a baseline starts only if the finish's simulations (estimated from
+    the reference's evaluation) still fit after it: simulations a million evaluations
+    long leave the reference alone."""
+    monkeypatch.setattr(plan_module, "_FINISH_EVALUATIONS", 10**6)
+    options = PlanOptions(budget_s=120.0, pipeline=False)
+    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options)
+    assert list(planner.baselines) == ["dp-nccl"]
+    assert planner.phases.reports["baselines"].status == "truncated"
+
+
+@pytest.mark.parametrize("evaluations", [4, 10**6])
+def test_time_is_kept_for_a_graphdef_that_fits_and_none_for_one_that_does_not(
+    monkeypatch, evaluations
+) -> None:
+    """The distributed GraphDef's compile is kept time for when it fits in the budget;
+    estimated a million evaluations long, it is not (it will follow the answer), and
+    the baselines take the time it would have held."""
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", evaluations)
+    options = PlanOptions(budget_s=120.0, pipeline=False)
+    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options, graphdef=True)
+    assert planner.graphdef is (evaluations == 4)
+    assert planner.prepared()["graphdef"] is planner.graphdef
+    assert len(planner.baselines) > 1
+    assert planner.phases.reports["baselines"].status == "done"
+
+
+def test_a_graphdef_that_does_not_fit_is_left_to_follow_the_answer(monkeypatch) -> None:
+    """With the GraphDef's compile estimated past the budget, the plan keeps no time for
+    it (the baselines and the search run), answers without it and says so; the GraphDef
+    compiled after the answer is the one the chosen strategy compiles to."""
+    source = load_graph_source("zoo:mlp")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    cluster = load_cluster("testbed")
     monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
-    planner = Planner(
-        zoo_ir("mlp"),
-        load_cluster("testbed"),
-        options=PlanOptions(budget_s=120.0, pipeline=False),
-        graphdef=graphdef,
-    )
-    if graphdef:
-        assert list(planner.baselines) == ["dp-nccl"]
-        assert planner.phases.reports["baselines"].status == "truncated"
-    else:
-        assert len(planner.baselines) > 1
-        assert planner.phases.reports["baselines"].status == "done"
+    options = PlanOptions(budget_s=60.0, iterations=4, pipeline=False)
+    result = plan(ir, cluster, graph_def=source.graph_def, options=options)
+    assert result.graphdef_deferred and result.distributed is None
+    assert result.summary()["graphdef_deferred"] is True
+    assert result.phases["compile"]["status"] == "truncated"
+    assert "compiled after the answer" in result.phases["compile"]["note"]
+    assert result.phases["baselines"]["status"] == "done"
+    assert result.iterations == 4
+    followed = result.with_graphdef(source.graph_def, ir, cluster)
+    assert followed.graphdef_deferred  # it still says how the answer came
+    direct = compile_graphdef(source.graph_def, ir, cluster, result.evaluation.resolved)
+    assert followed.distributed.graph_def_bytes == direct.graph_def_bytes
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 4)
+    kept = plan(ir, cluster, graph_def=source.graph_def, options=options)
+    assert not kept.graphdef_deferred and kept.distributed is not None
 
 
 _COLD_PLAN = """

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from datetime import datetime
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tagplan.db.models import Result
+from tagplan.db.session import session_scope
 from tagplan.planner.graph.protos import GraphDef
+from tagplan.service.client import TagplanClient
 from tests.service.conftest import TENANT, assert_problem, make_key, wait_for
 
 # fresh: a search whatever other modules of the tenant planned before (the cache would
@@ -140,6 +144,51 @@ def test_a_graph_the_worker_refuses_fails_its_job_and_the_worker_goes_on(
     follow = {**MLP, "options": {"budget_s": 1, "seed": 8}}
     next_id = service.post("/v1/jobs", json=follow, headers=admin).json()["id"]
     assert wait_for(service, admin, next_id, timeout_s=60)["status"] == "succeeded"
+
+
+def test_a_graphdef_that_does_not_fit_in_the_budget_follows_the_answer(
+    service: TestClient, admin: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose GraphDef compile would not fit in its budget (here: estimated a million
+    evaluations long) succeeds without it, saying so, and the worker attaches it after
+    the answer; while it is missing the GraphDef and device map answer 409 with
+    ``Retry-After``, and a finish step run again (its worker stopped after the answer)
+    compiles and attaches it while the client waits those out."""
+    from tagplan.planner import plan as plan_module
+    from tagplan.settings import get_settings
+    from tagplan.workers.steps import finish_step
+
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
+    body = {**MLP, "options": {"budget_s": 5, "fresh": True, "seed": 21}}
+    job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
+    assert wait_for(service, admin, job_id)["status"] == "succeeded"
+    result = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
+    assert result["graphdef_deferred"] is True
+    assert "compiled after the answer" in result["phases"]["compile"]["note"]
+    attached = time.monotonic() + 60
+    response = service.get(f"/v1/jobs/{job_id}/graphdef", headers=admin)
+    while response.status_code == 409 and time.monotonic() < attached:
+        assert_problem(response, 409, "compiled after the answer")
+        assert response.headers["retry-after"] == "5"
+        time.sleep(0.2)
+        response = service.get(f"/v1/jobs/{job_id}/graphdef", headers=admin)
+    assert response.status_code == 200, response.text
+    first = GraphDef.FromString(response.content)
+    assert {n.device for n in first.node if n.device}
+    settings = get_settings()
+    with session_scope(settings.sqlalchemy_url) as session:
+        row = session.get(Result, job_id)
+        row.graphdef_digest, row.device_map = None, None
+    for artifact in ("graphdef", "device-map"):
+        missing = service.get(f"/v1/jobs/{job_id}/{artifact}", headers=admin)
+        assert_problem(missing, 409, "did not fit in its budget")
+    rerun = threading.Thread(target=finish_step, args=(settings, job_id, 1))
+    rerun.start()
+    client = TagplanClient(str(service.base_url))  # it waits out the 409s
+    client.http = TestClient(service.app, headers=admin)
+    assert GraphDef.FromString(client.graphdef(job_id, timeout_s=120)) == first
+    assert client.device_map(job_id)
+    rerun.join()
 
 
 def test_unknown_job_is_404(service: TestClient, admin: dict) -> None:

@@ -173,9 +173,7 @@ def get_result(job_id: str, session: SessionDep, caller: ReadKey) -> ResultPubli
 )
 def get_graphdef(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
     """The placed distributed GraphDef (binary protobuf)."""
-    result = _result(session, caller, job_id)
-    if result.graphdef_digest is None:
-        raise Problem(404, f"job {job_id} has no compiled GraphDef")
+    result = _compiled_result(session, caller, job_id)
     return Response(
         get_blob(session, result.graphdef_digest),
         media_type="application/octet-stream",
@@ -186,10 +184,25 @@ def get_graphdef(job_id: str, session: SessionDep, caller: ReadKey) -> Response:
 @router.get("/{job_id}/device-map")
 def get_device_map(job_id: str, session: SessionDep, caller: ReadKey) -> dict[str, Any]:
     """TensorFlow task index -> machine name and GPU ids of the compiled GraphDef."""
+    return _compiled_result(session, caller, job_id).device_map
+
+
+def _compiled_result(session: SessionDep, caller: Principal, job_id: str) -> Result:
+    """The job's result once its GraphDef exists: 409 with ``Retry-After`` while the
+    GraphDef of a plan whose budget left its compile out is being compiled after the
+    answer, 404 for a plan stored without one."""
     result = _result(session, caller, job_id)
-    if result.device_map is None:
+    if result.graphdef_digest is None and result.summary.get("graphdef_deferred"):
+        pending = Problem(
+            409,
+            f"the distributed GraphDef of job {job_id} did not fit in its budget and is "
+            "being compiled after the answer; retry in a few seconds",
+        )
+        pending.headers["Retry-After"] = "5"
+        raise pending
+    if result.graphdef_digest is None or result.device_map is None:
         raise Problem(404, f"job {job_id} has no compiled GraphDef")
-    return result.device_map
+    return result
 
 
 @router.get("/{job_id}/trace", response_class=Response)
