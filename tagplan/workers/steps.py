@@ -432,13 +432,13 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        answered = session.get(Result, job_id)
-        if answered is not None:  # stored before this step stopped: what it had left to do
+        answered = session.get(Result, job_id) is not None
+        if answered:  # stored before this step stopped: what it had left to do
             job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
-            deferred = answered.summary.get("graphdef_deferred", False)
-            missing = deferred and answered.graphdef_digest is None
+            row = session.get(Result, job_id)
+            missing = row.summary.get("graphdef_deferred", False) and row.graphdef_digest is None
         stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
-    if answered is not None:
+    if answered:
         if missing:
             _attach_graphdef(settings, job_id, load_inputs(settings, job_id))
         return None
