@@ -465,11 +465,12 @@ class Planner:
 
     def _graphdef_fits(self, left_s: float) -> bool:
         """Whether the distributed GraphDef's compile, started with ``left_s`` left in the
-        budget, ends at most :data:`_GRAPHDEF_OVERRUN_SHARE` of the budget late (as
-        estimated): the compile cannot stop part way, and a plan answers without it
+        budget, makes the answer at most :data:`_GRAPHDEF_OVERRUN_SHARE` of the budget
+        late (as estimated; a plan already late compiles a GraphDef that takes no more
+        than that): the compile cannot stop part way, and a plan answers without it
         rather than later (``graphdef_deferred``)."""
         overrun_s = _GRAPHDEF_OVERRUN_SHARE * self.options.budget_s
-        return self._graphdef_s(True) <= left_s + overrun_s
+        return self._graphdef_s(True) <= max(left_s, 0.0) + overrun_s
 
     def _unskippable_s(self) -> float:
         """What a plan runs however late it is: the finish's simulations of its

@@ -112,6 +112,24 @@ def test_a_graphdef_that_does_not_fit_is_left_to_follow_the_answer(monkeypatch) 
     assert not kept.graphdef_deferred and kept.distributed is not None
 
 
+@pytest.mark.parametrize("evaluations", [4, 10**6])
+def test_a_late_plan_compiles_only_a_graphdef_that_adds_a_tenth_of_its_budget(
+    monkeypatch, evaluations
+) -> None:
+    """Past its deadline, a plan still compiles a GraphDef that takes less than a tenth of
+    its budget (the mlp's, milliseconds), and leaves a longer one to follow the answer."""
+    source = load_graph_source("zoo:mlp")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", evaluations)
+    late = Deadline.after(5.0, start_s=time.time() - 60.0)
+    options = PlanOptions(budget_s=5.0)
+    result = plan(
+        ir, load_cluster("testbed"), graph_def=source.graph_def, options=options, deadline=late
+    )
+    assert result.graphdef_deferred is (evaluations > 4)
+    assert (result.distributed is None) is result.graphdef_deferred
+
+
 _COLD_PLAN = """
 import json
 from tagplan.planner.graph.analyzer import analyze
