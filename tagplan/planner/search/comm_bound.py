@@ -286,9 +286,10 @@ def _critical_path(
 def _solve(
     program: _Program, names: list[str], resource_row: int, time_limit_s: float | None
 ) -> tuple[float, str] | None:
-    """Minimize ``T`` (HiGHS); returns it and what binds it: the busiest resource, or the
-    critical path when every resource is less busy than ``T``; ``None`` at the time
-    limit."""
+    """Minimize ``T`` (HiGHS's interior point method: on four zoo programs of 16-37k
+    rows, 1.05-2.7x faster than its simplex, to the same optimum); returns it and what
+    binds it: the busiest resource, or the critical path when every resource is less busy
+    than ``T``; ``None`` at the time limit."""
     a_ub = program.matrix(False)
     objective = np.zeros(program.columns)
     objective[0] = 1.0
@@ -299,7 +300,7 @@ def _solve(
         A_eq=program.matrix(True),
         b_eq=np.array(program.b_eq),
         bounds=(0, None),
-        method="highs",
+        method="highs-ipm",
         options={} if time_limit_s is None else {"time_limit": time_limit_s},
     )
     if solved.status == 1:  # the time limit
