@@ -7,6 +7,12 @@ with them numba, PuLP, METIS and TensorFlow) is imported here, lazily: the API p
 only validates and enqueues, loads the planner's intake modules (graph parsing and analysis,
 topology, profiles, options) and nothing of the search, the compiler or the simulator
 (``tests/service/test_imports.py``).
+
+Why one module: the steps are one job's stages and share its inputs (:class:`JobInputs`,
+read and analyzed the same way by each), the planner built from them, and the one writer
+of a job's result (:func:`_store_result`, with what follows an answer: its trace, its
+GraphDef when the budget left it out, its refinement); split, each stage would import
+the others' private helpers.
 """
 
 from __future__ import annotations
