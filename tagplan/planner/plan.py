@@ -392,7 +392,7 @@ class Planner:
         self._enter("search")
         search_s = self.search_budget_s()
         if search_s < 2 * self.evaluation_s * self.per_gpu_factor:
-            self._note_search("pipelines not cut: no time left in the budget")
+            self._note("search", "pipelines not cut: no time left in the budget")
             self.phases.leave()
             return None
         started = time.perf_counter()
@@ -417,7 +417,7 @@ class Planner:
         if not bounded.complete:
             notes.append(f"{bounded.cut} layouts cut before the pipelines' share ran out")
         if notes:
-            self._note_search("; ".join(notes))
+            self._note("search", "; ".join(notes))
         self.phases.leave()
         return self._branches(bounded.layouts, bounded.bound_s, time.perf_counter() - started)
 
@@ -454,8 +454,9 @@ class Planner:
         sfb = self.options.budget_s * _SFB_SHARE if self.options.sfb else 0.0
         return sfb + self._last_steps_s(self.graphdef)
 
-    def _note_search(self, note: str) -> None:
-        report = self.phases.reports.setdefault("search", PhaseReport())
+    def _note(self, phase: str, note: str) -> None:
+        """Add ``note`` to what ``phase`` reports."""
+        report = self.phases.reports.setdefault(phase, PhaseReport())
         report.note = "; ".join(n for n in (report.note, note) if n)
 
     def _graphdef_s(self, graphdef: bool) -> float:
@@ -588,13 +589,12 @@ class Planner:
                 )
             else:  # the answer keeps its budget; the caller compiles the GraphDef after it
                 deferred = True
-                report = self.phases.reports["compile"]
-                notes = [report.note] if report.note else []
-                note = (
+                self.phases.reports["compile"].status = "truncated"
+                self._note(
+                    "compile",
                     f"the distributed GraphDef (about {self._graphdef_s(True):.1f} s to "
-                    "compile) did not fit in the budget: it is compiled after the answer"
+                    "compile) did not fit in the budget: it is compiled after the answer",
                 )
-                self.phases.mark("compile", "truncated", "; ".join([*notes, note]))
         comm_bound_s = self._comm_bound_s()
         self.phases.leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}

@@ -41,6 +41,7 @@ from tagplan.workers.priors import SHIPPED, job_prior
 
 if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
     from tagplan.planner.budget import Deadline
+    from tagplan.planner.compile.graphdef import DistributedGraph
     from tagplan.planner.cost.comm import CommModel
     from tagplan.planner.cost.profile import ProfileSource
     from tagplan.planner.graph.ir import GraphIR
@@ -438,15 +439,16 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        answered = session.get(Result, job_id) is not None
-        if answered:  # stored before this step stopped: what it had left to do
+        row = session.get(Result, job_id)
+        if row is not None:  # stored before this step stopped: what it had left to do
             job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
-            row = session.get(Result, job_id)
             missing = row.summary.get("graphdef_deferred", False) and row.graphdef_digest is None
-        stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
-    if answered:
+            strategy = row.summary["strategy"]
+        else:
+            stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
+    if row is not None:
         if missing:
-            _attach_graphdef(settings, job_id, load_inputs(settings, job_id))
+            _compile_stored_graphdef(settings, job_id, strategy)
         return None
     if len(stored) < shards:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
@@ -474,22 +476,26 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
         refinement = None
         if not complete and options.get("refine_s") is not None:
             refinement = add_refinement(session, job_id)
-    if result.graphdef_deferred:
-        _attach_graphdef(settings, job_id, inputs)
+    if result.graphdef_deferred:  # the answer did not wait for its GraphDef: it follows
+        followed = result.with_graphdef(inputs.graph_def, inputs.ir, inputs.cluster)
+        _attach_graphdef(settings, job_id, followed.distributed)
     return refinement
 
 
-def _attach_graphdef(settings: Settings, job_id: str, inputs: JobInputs) -> None:
-    """Compile the distributed GraphDef of a job answered without it (its budget left the
-    compile out, ``graphdef_deferred``) for the strategy it stored, and attach it and its
-    device map to the result: the answer did not wait for it, the GraphDef follows."""
+def _compile_stored_graphdef(settings: Settings, job_id: str, strategy: dict[str, Any]) -> None:
+    """The GraphDef of a job answered without it (``graphdef_deferred``) whose finish step
+    stopped before attaching it: compiled for the strategy it stored, and attached."""
     from tagplan.planner.compile.graphdef import compile_graphdef
     from tagplan.planner.strategy import resolve
 
-    with session_scope(settings.sqlalchemy_url) as session:
-        strategy = load_strategy(session.get(Result, job_id).summary["strategy"])
-    resolved = resolve(strategy, inputs.ir, inputs.cluster)
+    inputs = load_inputs(settings, job_id)
+    resolved = resolve(load_strategy(strategy), inputs.ir, inputs.cluster)
     compiled = compile_graphdef(inputs.graph_def, inputs.ir, inputs.cluster, resolved)
+    _attach_graphdef(settings, job_id, compiled)
+
+
+def _attach_graphdef(settings: Settings, job_id: str, compiled: DistributedGraph) -> None:
+    """Attach a distributed GraphDef and its device map to the job's stored result."""
     with session_scope(settings.sqlalchemy_url) as session:
         row = session.get(Result, job_id)
         row.graphdef_digest = put_blob(session, compiled.graph_def_bytes)

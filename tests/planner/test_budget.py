@@ -15,12 +15,10 @@ from tagplan.planner import plan as plan_module
 from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.plan import Planner, PlanOptions, plan
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.topology import load_cluster
-from tests.planner.zoo_graphs import zoo_ir
+from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
 
 def test_a_deadline_is_absolute_and_shares_are_capped_by_what_is_left() -> None:
@@ -91,8 +89,7 @@ def test_a_graphdef_that_does_not_fit_is_left_to_follow_the_answer(monkeypatch) 
     """With the GraphDef's compile estimated past the budget, the plan keeps no time for
     it (the baselines and the search run), answers without it and says so; the GraphDef
     compiled after the answer is the one the chosen strategy compiles to."""
-    source = load_graph_source("zoo:mlp")
-    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    source, ir = zoo_source("mlp"), zoo_ir("mlp")
     cluster = load_cluster("testbed")
     monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
     options = PlanOptions(budget_s=60.0, iterations=4, pipeline=False)
@@ -118,8 +115,7 @@ def test_a_late_plan_compiles_only_a_graphdef_that_adds_a_tenth_of_its_budget(
 ) -> None:
     """Past its deadline, a plan still compiles a GraphDef that takes less than a tenth of
     its budget (the mlp's, milliseconds), and leaves a longer one to follow the answer."""
-    source = load_graph_source("zoo:mlp")
-    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    source, ir = zoo_source("mlp"), zoo_ir("mlp")
     monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", evaluations)
     late = Deadline.after(5.0, start_s=time.time() - 60.0)
     options = PlanOptions(budget_s=5.0)

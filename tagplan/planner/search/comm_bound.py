@@ -286,8 +286,8 @@ def _critical_path(
 def _solve(
     program: _Program, names: list[str], resource_row: int, time_limit_s: float | None
 ) -> tuple[float, str] | None:
-    """Minimize ``T`` (HiGHS's interior point method: on four zoo programs of 16-37k
-    rows, 1.05-2.7x faster than its simplex, to the same optimum); returns it and what
+    """Minimize ``T`` (HiGHS's interior point method: timed once against its simplex on
+    four zoo programs of 16-37k rows, 1.05-2.7x faster to the same optimum); returns it and what
     binds it: the busiest resource, or the critical path when every resource is less busy
     than ``T``; ``None`` at the time limit."""
     a_ub = program.matrix(False)
