@@ -456,6 +456,8 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
     monitor = JobMonitor(url, job_id, phases=FINISH_PHASES)
     result = _planner(inputs, monitor).finish(outcomes, graph_def=inputs.graph_def)
+    if result.graphdef_deferred:  # a job stores its answer with the GraphDef, past the budget
+        result = result.with_graphdef(inputs.graph_def, inputs.ir, inputs.cluster)
     trace = _trace_blobs(result)
     distributed = result.distributed
     summary = result.summary() | {"source": "search"}
@@ -476,9 +478,6 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
         refinement = None
         if not complete and options.get("refine_s") is not None:
             refinement = add_refinement(session, job_id)
-    if result.graphdef_deferred:  # the answer did not wait for its GraphDef: it follows
-        followed = result.with_graphdef(inputs.graph_def, inputs.ir, inputs.cluster)
-        _attach_graphdef(settings, job_id, followed.distributed)
     return refinement
 
 

@@ -150,10 +150,11 @@ def test_a_graphdef_that_does_not_fit_in_the_budget_follows_the_answer(
     service: TestClient, admin: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A job whose GraphDef compile would not fit in its budget (here: estimated a million
-    evaluations long) succeeds without it, saying so, and the worker attaches it after
-    the answer; while it is missing the GraphDef and device map answer 409 with
-    ``Retry-After``, and a finish step run again (its worker stopped after the answer)
-    compiles and attaches it while the client waits those out."""
+    evaluations long) says so in its result and stores the GraphDef with its answer (the
+    Celery step's time limit covers the budget; an answer stored without its GraphDef
+    could lose it to that limit); a result found stored without it answers 409 with
+    ``Retry-After`` for the GraphDef and device map, and a finish step run again compiles
+    and attaches it while the client waits those out."""
     from tagplan.planner import plan as plan_module
     from tagplan.settings import get_settings
     from tagplan.workers.steps import finish_step
