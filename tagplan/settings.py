@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     """A step whose worker died this many times fails its job instead of looping."""
     time_limit_margin_s: float = Field(default=300.0, gt=0)
     """Added to a job's search budget for the Celery soft time limit."""
+    graphdef_time_limit_s: float = Field(default=600.0, gt=0)
+    """The Celery soft time limit of the step that compiles a job's GraphDef after its
+    answer, when the budget left the compile out (not bounded by the budget)."""
     sweep_interval_s: float = Field(default=15.0, gt=0)
     """How often the API process looks for lost jobs (:mod:`tagplan.workers.sweeper`)."""
     stall_grace_s: float = Field(default=90.0, ge=0)

@@ -12,20 +12,26 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tagplan.db.models import LIVE_STATUSES, Job, JobStatus, JobStep, utcnow
+from tagplan.db.models import LIVE_STATUSES, Job, JobStatus, JobStep, Result, utcnow
 from tagplan.db.session import insert_or_find
 
 __all__ = [
+    "FOLLOWING_STEP",
     "add_job",
     "as_utc",
     "begin_step",
     "cancel_job",
+    "drop_following",
+    "fail_following",
     "finish_job",
+    "follow_answer",
+    "following_steps",
     "is_finished",
     "live_job",
     "quiet_jobs",
     "record_progress",
     "redispatch",
+    "redispatch_following",
     "save_step",
     "seconds_since",
     "step_output",
@@ -33,6 +39,10 @@ __all__ = [
 ]
 
 _ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+FOLLOWING_STEP = "graphdef"
+"""The step that follows a job's answer: its GraphDef, when the budget left the compile
+out. Its row exists while the step is owed (``output``: ``{"dispatches": n}``, the times
+it was sent) and is dropped when the GraphDef is attached or its failure recorded."""
 MAX_HISTORY = 500
 """Points of a job's progress history kept (the latest)."""
 
@@ -191,3 +201,46 @@ def as_utc(moment: datetime) -> datetime:
 def seconds_since(moment: datetime) -> float:
     """Seconds from ``moment`` to now."""
     return (utcnow() - as_utc(moment)) / timedelta(seconds=1)
+
+
+def follow_answer(session: Session, *, job_id: str) -> None:
+    """Record, with the job's answer, that its GraphDef step is owed and sent once."""
+    session.add(JobStep(job_id=job_id, step=FOLLOWING_STEP, attempts=0, output={"dispatches": 1}))
+
+
+def drop_following(session: Session, *, job_id: str) -> None:
+    """The job's GraphDef step is no longer owed (done, or its failure recorded)."""
+    row = session.get(JobStep, (job_id, FOLLOWING_STEP))
+    if row is not None:
+        session.delete(row)
+
+
+def fail_following(session: Session, *, job_id: str, reason: str) -> None:
+    """The job's GraphDef step failed for good: its result says why in ``graphdef_error``
+    (the answer stands) and the step is no longer owed."""
+    row = session.get(Result, job_id)
+    if row is not None and row.graphdef_digest is None:
+        row.summary = {**row.summary, "graphdef_error": reason}
+    drop_following(session, job_id=job_id)
+
+
+def following_steps(session: Session, *, quiet_since: datetime | None = None) -> list[JobStep]:
+    """The GraphDef steps owed, those nothing of which happened since ``quiet_since`` when
+    given (begun, sent), oldest first."""
+    query = select(JobStep).where(JobStep.step == FOLLOWING_STEP)
+    if quiet_since is not None:
+        query = query.where(JobStep.updated_at < quiet_since)
+    return list(session.scalars(query.order_by(JobStep.updated_at)))
+
+
+def redispatch_following(session: Session, *, job_id: str, seen_updated_at: datetime) -> int:
+    """Count one more sending of the job's owed GraphDef step and restart its quiet time,
+    unless it began or was sent since it was seen quiet: the sendings so far, 0 when the
+    caller should not send it."""
+    row = session.get(JobStep, (job_id, FOLLOWING_STEP), with_for_update=True)
+    if row is None or as_utc(row.updated_at) != as_utc(seen_updated_at):
+        return 0
+    dispatches = int((row.output or {}).get("dispatches", 1)) + 1
+    row.output = {"dispatches": dispatches}
+    row.updated_at = utcnow()
+    return dispatches

@@ -63,7 +63,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.embedded_worker = worker
         resumed = requeue_unfinished(settings, celery_app)
         if resumed:
-            log.info("resumed %d unfinished jobs", resumed)
+            log.info("resumed %d unfinished jobs and GraphDef steps", resumed)
     sweeper = Sweeper(settings, celery_app)  # recovers jobs the broker lost
     sweeper.start()
     # Everything loaded so far lives as long as the process: keep the garbage collector

@@ -304,6 +304,17 @@ class ResultPublic(BaseModel):
         description="why the prior is not the checkpoint the job recorded (a worker "
         "without torch searches with the uniform prior)",
     )
+    graphdef_deferred: bool = Field(
+        default=False,
+        description="the GraphDef's compile did not fit in the budget: the answer came "
+        "first and a step of its own compiles it (the GraphDef and device map answer 409 "
+        "with Retry-After until then)",
+    )
+    graphdef_error: str | None = Field(
+        default=None,
+        description="why the GraphDef compiled after the answer is missing (that step "
+        "failed: its time limit, its worker lost); the answer stands",
+    )
 
 
 class StrategyPublic(BaseModel):

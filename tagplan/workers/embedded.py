@@ -5,7 +5,8 @@ the embedded service runs exactly the task code, canvas (the shards' chord), ack
 and error policy of a production worker; only the transport differs. ``task_always_eager``
 would have run the tasks inline in the request and skipped all of that. The in-memory
 queue does not survive the process, so on start :func:`requeue_unfinished` re-sends every
-job the database still calls queued or running; finished steps are skipped on rerun.
+job the database still calls queued or running, and every GraphDef step still owed after an
+answer; finished steps are skipped on rerun.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from celery import Celery
 from celery.worker import WorkController
 from sqlalchemy import select
 
+from tagplan.db import job_state
 from tagplan.db.models import Job, JobStatus
 from tagplan.db.session import session_scope
 from tagplan.settings import Settings
-from tagplan.workers.pipeline import enqueue_job
+from tagplan.workers.pipeline import enqueue_job, send_graphdef
 from tagplan.workers.priors import preload
 
 __all__ = ["EmbeddedWorker", "requeue_unfinished"]
@@ -83,12 +85,16 @@ def _warm_then_serve(worker: WorkController) -> None:
 
 
 def requeue_unfinished(settings: Settings, app: Celery) -> int:
-    """Re-send the workflows of queued and running jobs; returns how many."""
+    """Re-send the workflows of queued and running jobs and the GraphDef steps owed after
+    an answer; returns how many."""
     active = (JobStatus.QUEUED, JobStatus.RUNNING)
     with session_scope(settings.sqlalchemy_url) as session:
         pending = session.execute(
             select(Job.id, Job.options).where(Job.status.in_(active)).order_by(Job.created_at)
         ).all()
+        owed = [step.job_id for step in job_state.following_steps(session)]
     for job_id, options in pending:
         enqueue_job(app, job_id, options, margin_s=settings.time_limit_margin_s)
-    return len(pending)
+    for job_id in owed:
+        send_graphdef(app, job_id, settings.graphdef_time_limit_s)
+    return len(pending) + len(owed)

@@ -1,4 +1,5 @@
-"""The workflow of one job: ``analyze``, then ``chord(search_shard x k) -> finish``.
+"""The workflow of one job: ``analyze``, then ``chord(search_shard x k) -> finish``, then
+``graphdef`` when the budget left the GraphDef's compile out of the answer.
 
 The API sends only the ``analyze`` task (by name, so it imports neither the tasks nor the
 planner) and never waits for a result. The analyze task starts the chord when the graph
@@ -13,7 +14,7 @@ from typing import Any
 
 from celery import Celery, chord
 
-__all__ = ["enqueue_job", "launch_search", "shard_seeds", "time_limits"]
+__all__ = ["enqueue_job", "launch_search", "send_graphdef", "shard_seeds", "time_limits"]
 
 
 def shard_seeds(seed: int, shards: int) -> list[int]:
@@ -45,3 +46,15 @@ def launch_search(app: Celery, job_id: str, options: dict[str, Any], *, margin_s
     ]
     body = app.signature("tagplan.finish", args=(job_id, shards), options=limits)
     chord(header, body).apply_async()
+
+
+def send_graphdef(app: Celery, job_id: str, time_limit_s: float) -> None:
+    """Send the step that compiles the job's GraphDef after its answer, with a soft time
+    limit of its own (``time_limit_s``) and a hard one a minute more."""
+    app.send_task(
+        "tagplan.graphdef",
+        args=(job_id,),
+        ignore_result=True,
+        soft_time_limit=time_limit_s,
+        time_limit=time_limit_s + 60,
+    )

@@ -22,7 +22,7 @@ import json
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import select
 
@@ -41,7 +41,6 @@ from tagplan.workers.priors import SHIPPED, job_prior
 
 if TYPE_CHECKING:  # the planner's types, without importing its modules at run time
     from tagplan.planner.budget import Deadline
-    from tagplan.planner.compile.graphdef import DistributedGraph
     from tagplan.planner.cost.comm import CommModel
     from tagplan.planner.cost.profile import ProfileSource
     from tagplan.planner.graph.ir import GraphIR
@@ -52,10 +51,13 @@ if TYPE_CHECKING:  # the planner's types, without importing its modules at run t
     from tagplan.planner.topology import CanonicalOrder, Cluster
 
 __all__ = [
+    "Finished",
     "JobInputs",
     "add_refinement",
     "analyze_step",
     "finish_step",
+    "graphdef_failed",
+    "graphdef_step",
     "job_options",
     "load_inputs",
     "search_step",
@@ -429,35 +431,37 @@ def search_step(settings: Settings, job_id: str, shard: int, seed: int) -> None:
         job_state.save_step(session, job_id=job_id, step=step, output=outcome.to_dict())
 
 
-def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
+class Finished(NamedTuple):
+    """What follows a job's finish step: the refinement job it added (an anytime job
+    answered before its search was done), and whether its GraphDef step is owed."""
+
+    refinement: str | None = None
+    graphdef_owed: bool = False
+
+
+def finish_step(settings: Settings, job_id: str, shards: int) -> Finished:
     """Merge the shards, run SFB and compile, store the result and mark the job succeeded.
 
+    A GraphDef whose compile did not fit in the budget is left to a step of its own
+    (:func:`graphdef_step`, with a time limit of its own): the answer does not wait for it.
     An anytime job (``deadline_s``) whose search the deadline cut is answered with
     ``complete: false``; with ``refine_s`` a refinement job is added that searches on from
-    the answer (:func:`add_refinement`): its id is returned for the caller to enqueue."""
+    the answer (:func:`add_refinement`). The caller sends what follows."""
     from tagplan.planner.plan import SearchOutcome
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
-        row = session.get(Result, job_id)
-        if row is not None:  # stored before this step stopped: what it had left to do
+        if session.get(Result, job_id) is not None:  # stored before this step stopped
             job_state.finish_job(session, job_id=job_id, status=JobStatus.SUCCEEDED)
-            missing = row.summary.get("graphdef_deferred", False) and row.graphdef_digest is None
-            strategy = row.summary["strategy"]
-        else:
-            stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
-    if row is not None:
-        if missing:
-            _compile_stored_graphdef(settings, job_id, strategy)
-        return None
+            owed = job_state.step_output(session, job_id=job_id, step=job_state.FOLLOWING_STEP)
+            return Finished(graphdef_owed=owed is not None)
+        stored = job_state.step_outputs(session, job_id=job_id, prefix="shard:")
     if len(stored) < shards:
         raise RuntimeError(f"{shards - len(stored)} of {shards} search shards have no outcome")
     inputs = load_inputs(settings, job_id)
     outcomes = [SearchOutcome.from_dict(stored[name]) for name in sorted(stored)]
     monitor = JobMonitor(url, job_id, phases=FINISH_PHASES)
     result = _planner(inputs, monitor).finish(outcomes, graph_def=inputs.graph_def)
-    if result.graphdef_deferred:  # a job stores its answer with the GraphDef, past the budget
-        result = result.with_graphdef(inputs.graph_def, inputs.ir, inputs.cluster)
     trace = _trace_blobs(result)
     distributed = result.distributed
     summary = result.summary() | {"source": "search"}
@@ -474,31 +478,46 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> str | None:
     )
     with session_scope(url) as session:
         if not _store_result(session, job_id, inputs, stored, trace):
-            return None
+            return Finished()
+        if result.graphdef_deferred:
+            job_state.follow_answer(session, job_id=job_id)
         refinement = None
         if not complete and options.get("refine_s") is not None:
             refinement = add_refinement(session, job_id)
-    return refinement
+    return Finished(refinement, result.graphdef_deferred)
 
 
-def _compile_stored_graphdef(settings: Settings, job_id: str, strategy: dict[str, Any]) -> None:
-    """The GraphDef of a job answered without it (``graphdef_deferred``) whose finish step
-    stopped before attaching it: compiled for the strategy it stored, and attached."""
+def graphdef_step(settings: Settings, job_id: str) -> None:
+    """Compile the GraphDef of a job answered without it (``graphdef_deferred``) for the
+    strategy it stored, and attach it with its device map; nothing when it is attached or
+    its failure recorded (a message delivered twice)."""
     from tagplan.planner.compile.graphdef import compile_graphdef
     from tagplan.planner.strategy import resolve
 
+    url = settings.sqlalchemy_url
+    with session_scope(url) as session:
+        row = session.get(Result, job_id)
+        owed = row is not None and row.graphdef_digest is None
+        owed = owed and not row.summary.get("graphdef_error")  # a failure is for good
+        strategy = row.summary["strategy"] if owed else None
+        if strategy is None:
+            job_state.drop_following(session, job_id=job_id)
+    if strategy is None:
+        return
     inputs = load_inputs(settings, job_id)
     resolved = resolve(load_strategy(strategy), inputs.ir, inputs.cluster)
     compiled = compile_graphdef(inputs.graph_def, inputs.ir, inputs.cluster, resolved)
-    _attach_graphdef(settings, job_id, compiled)
-
-
-def _attach_graphdef(settings: Settings, job_id: str, compiled: DistributedGraph) -> None:
-    """Attach a distributed GraphDef and its device map to the job's stored result."""
-    with session_scope(settings.sqlalchemy_url) as session:
+    with session_scope(url) as session:
         row = session.get(Result, job_id)
         row.graphdef_digest = put_blob(session, compiled.graph_def_bytes)
         row.device_map = json.loads(json.dumps(compiled.device_map))
+        job_state.drop_following(session, job_id=job_id)
+
+
+def graphdef_failed(settings: Settings, job_id: str, reason: str) -> None:
+    """The job's GraphDef step failed for good: its result says why (the answer stands)."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        job_state.fail_following(session, job_id=job_id, reason=reason)
 
 
 def add_refinement(session: Any, parent_id: str) -> str:

@@ -15,6 +15,12 @@ A job is **lost** when both hold:
 * the broker holds no waiting message: a job whose next step merely waits behind others in
   the queue is not lost, and a queue that drains lets lost jobs be found.
 
+A job's **GraphDef step** (the compile its budget left out of the answer) is lost the same
+way when it was owed, neither begun nor sent, for its own soft time limit
+(``graphdef_time_limit_s``) plus ``stall_grace_s``, nothing waiting in the queue: it is
+sent again, and when it has been sent ``max_dispatches`` times its result says so
+(``graphdef_error``); the answer stands either way.
+
 The sweeper re-sends a lost job's workflow from its first step. Every step is idempotent
 per ``(job, step)``, so the rerun skips what finished (analysis, the shards that stored
 their outcome) and redoes only the rest; a duplicate message, should the original still
@@ -42,9 +48,17 @@ from tagplan.db.models import JobStatus, utcnow
 from tagplan.db.session import session_scope
 from tagplan.settings import Settings
 from tagplan.workers.app import QUEUE
-from tagplan.workers.pipeline import enqueue_job
+from tagplan.workers.pipeline import enqueue_job, send_graphdef
 
-__all__ = ["LEASE", "SweepReport", "Sweeper", "quiet_window_s", "sweep_once", "waiting_messages"]
+__all__ = [
+    "LEASE",
+    "SweepReport",
+    "Sweeper",
+    "graphdef_window_s",
+    "quiet_window_s",
+    "sweep_once",
+    "waiting_messages",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +72,19 @@ class SweepReport:
     redispatched: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: str | None = None
+    graphdefs_resent: list[str] = field(default_factory=list)
+    graphdefs_failed: list[str] = field(default_factory=list)
 
 
 def quiet_window_s(settings: Settings, options: dict) -> float:
     """How long a job may go without reporting before it counts as lost (module docstring)."""
     return float(options["budget_s"]) + settings.time_limit_margin_s + settings.stall_grace_s
+
+
+def graphdef_window_s(settings: Settings) -> float:
+    """How long an owed GraphDef step may go neither begun nor sent before it counts as
+    lost (module docstring)."""
+    return settings.graphdef_time_limit_s + settings.stall_grace_s
 
 
 def waiting_messages(app: Celery) -> int:
@@ -84,7 +106,12 @@ def sweep_once(settings: Settings, app: Celery, *, holder: str) -> SweepReport:
             for job in job_state.quiet_jobs(session, quiet_since=quiet_since)
             if job_state.seconds_since(job.updated_at) > quiet_window_s(settings, job.options)
         ]
-    if not candidates:
+        owed_since = utcnow() - timedelta(seconds=graphdef_window_s(settings))
+        owed = [
+            (step.job_id, step.updated_at, int((step.output or {}).get("dispatches", 1)))
+            for step in job_state.following_steps(session, quiet_since=owed_since)
+        ]
+    if not candidates and not owed:
         return SweepReport()
     waiting = waiting_messages(app)
     if waiting:
@@ -106,8 +133,30 @@ def sweep_once(settings: Settings, app: Celery, *, holder: str) -> SweepReport:
         if taken:
             enqueue_job(app, job_id, options, margin_s=settings.time_limit_margin_s)
             report.redispatched.append(job_id)
+    for job_id, updated_at, dispatches in owed:
+        with session_scope(url) as session:
+            if dispatches >= settings.max_dispatches:
+                reason = (
+                    f"the GraphDef step was lost {dispatches} times: not begun for "
+                    f"{graphdef_window_s(settings):.0f} s with nothing left in the queue"
+                )
+                job_state.fail_following(session, job_id=job_id, reason=reason)
+                report.graphdefs_failed.append(job_id)
+                continue
+            taken = job_state.redispatch_following(
+                session, job_id=job_id, seen_updated_at=updated_at
+            )
+        if taken:
+            send_graphdef(app, job_id, settings.graphdef_time_limit_s)
+            report.graphdefs_resent.append(job_id)
     if report.redispatched or report.failed:
         log.warning("lost jobs re-sent: %s; failed: %s", report.redispatched, report.failed)
+    if report.graphdefs_resent or report.graphdefs_failed:
+        log.warning(
+            "lost GraphDef steps re-sent: %s; failed: %s",
+            report.graphdefs_resent,
+            report.graphdefs_failed,
+        )
     return report
 
 

@@ -10,6 +10,10 @@ A task gets the job id (and shard, seed), never the inputs. Outcomes:
   serving. A step whose worker died ``task_max_attempts`` times fails its job too, so a
   graph that kills workers cannot loop through the fleet forever.
 
+The GraphDef step that follows an answer (when the budget left the GraphDef's compile
+out) runs for a finished job, and where the policy would fail the job it leaves the answer
+as it is and records the reason in the result instead.
+
 Tasks always return normally (chord bodies run only when every shard returned).
 """
 
@@ -30,10 +34,10 @@ from tagplan.planner.errors import Cancelled, PlannerError
 from tagplan.settings import get_settings
 from tagplan.workers import steps
 from tagplan.workers.app import app
-from tagplan.workers.pipeline import enqueue_job, launch_search
+from tagplan.workers.pipeline import enqueue_job, launch_search, send_graphdef
 from tagplan.workers.priors import preload
 
-__all__ = ["analyze_job", "finish_job", "search_shard"]
+__all__ = ["analyze_job", "attach_graphdef", "finish_job", "search_shard"]
 
 log = logging.getLogger(__name__)
 RETRY_DELAY_S = 5
@@ -54,33 +58,44 @@ def _warm_up(**_: object) -> None:
     preload()
 
 
-def _run(task: Task, job_id: str, step: str, phase: str, work: Callable[[], None]) -> bool:
+def _run(
+    task: Task,
+    job_id: str,
+    step: str,
+    phase: str,
+    work: Callable[[], None],
+    *,
+    fail: Callable[[str, str], None] | None = None,
+) -> bool:
     """Run one step of a job with the error policy of the module docstring; True when the
-    step's work completed (the job goes on)."""
+    step's work completed (the job goes on). ``fail`` (job id, reason) takes the place of
+    failing the job for a step that follows its answer: it runs for a finished job."""
     settings = get_settings()
     url = settings.sqlalchemy_url
+    follows_answer = fail is not None
+    fail = fail or (lambda failed_id, reason: _fail(url, failed_id, reason))
     try:
         with session_scope(url) as session:
-            if job_state.is_finished(session, job_id):
+            if not follows_answer and job_state.is_finished(session, job_id):
                 return False
             attempts = job_state.begin_step(session, job_id=job_id, step=step, phase=phase)
         if attempts > settings.task_max_attempts:
             reason = f"step {step} was interrupted {attempts - 1} times (worker lost); giving up"
-            _fail(url, job_id, reason)
+            fail(job_id, reason)
             return False
         work()
         return True
     except Cancelled:
         log.info("job %s cancelled during %s", job_id, step)
     except PlannerError as exc:
-        _fail(url, job_id, str(exc))
+        fail(job_id, str(exc))
     except OperationalError as exc:
         raise task.retry(exc=exc, countdown=RETRY_DELAY_S, max_retries=MAX_RETRIES) from exc
     except SoftTimeLimitExceeded:
-        _fail(url, job_id, f"step {step} exceeded its time limit")
+        fail(job_id, f"step {step} exceeded its time limit")
     except Exception as exc:
         log.exception("job %s failed in %s", job_id, step)
-        _fail(url, job_id, f"internal error in step {step}: {type(exc).__name__}: {exc}")
+        fail(job_id, f"internal error in step {step}: {type(exc).__name__}: {exc}")
     return False
 
 
@@ -121,14 +136,36 @@ def search_shard(self: Task, job_id: str, shard: int, seed: int) -> None:
 
 @app.task(name="tagplan.finish", bind=True)
 def finish_job(self: Task, _shard_results: list[None] | None, job_id: str, shards: int) -> None:
-    """Chord body: merge the shards, SFB, compile, store the result; start the refinement
-    of an anytime job answered before its search was done."""
+    """Chord body: merge the shards, SFB, compile, store the result; then send what follows
+    the answer: the GraphDef step when the budget left the compile out, the refinement of
+    an anytime job answered before its search was done."""
     settings = get_settings()
-    refinement: list[str | None] = []
+    finished: list[steps.Finished] = []
 
     def work() -> None:
-        refinement.append(steps.finish_step(settings, job_id, shards))
+        finished.append(steps.finish_step(settings, job_id, shards))
 
-    if _run(self, job_id, "finish", "sfb", work) and refinement[0] is not None:
-        options = steps.job_options(settings, refinement[0])
-        enqueue_job(app, refinement[0], options, margin_s=settings.time_limit_margin_s)
+    if not _run(self, job_id, "finish", "sfb", work):
+        return
+    refinement, graphdef_owed = finished[0]
+    if graphdef_owed:
+        send_graphdef(app, job_id, settings.graphdef_time_limit_s)
+    if refinement is not None:
+        options = steps.job_options(settings, refinement)
+        enqueue_job(app, refinement, options, margin_s=settings.time_limit_margin_s)
+
+
+@app.task(name="tagplan.graphdef", bind=True)
+def attach_graphdef(self: Task, job_id: str) -> None:
+    """After the answer: compile and attach the GraphDef its budget left out, under a time
+    limit of its own (``graphdef_time_limit_s``). A failure leaves the answer as it is and
+    says why in the result (``graphdef_error``)."""
+    settings = get_settings()
+    _run(
+        self,
+        job_id,
+        job_state.FOLLOWING_STEP,
+        "compile",
+        lambda: steps.graphdef_step(settings, job_id),
+        fail=lambda failed_id, reason: steps.graphdef_failed(settings, failed_id, reason),
+    )

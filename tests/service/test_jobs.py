@@ -150,21 +150,21 @@ def test_a_graphdef_that_does_not_fit_in_the_budget_follows_the_answer(
     service: TestClient, admin: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A job whose GraphDef compile would not fit in its budget (here: estimated a million
-    evaluations long) says so in its result and stores the GraphDef with its answer (the
-    Celery step's time limit covers the budget; an answer stored without its GraphDef
-    could lose it to that limit); a result found stored without it answers 409 with
-    ``Retry-After`` for the GraphDef and device map, and a finish step run again compiles
-    and attaches it while the client waits those out."""
+    evaluations long) is answered without it, saying so, and a step of its own compiles it
+    after the answer: the GraphDef and device map answer 409 with ``Retry-After`` until
+    then. A GraphDef step still owed (its message lost) attaches the same GraphDef when it
+    runs, while the client waits the 409s out."""
+    from tagplan.db import job_state
     from tagplan.planner import plan as plan_module
     from tagplan.settings import get_settings
-    from tagplan.workers.steps import finish_step
+    from tagplan.workers.steps import graphdef_step
 
     monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
     body = {**MLP, "options": {"budget_s": 5, "fresh": True, "seed": 21}}
     job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
     assert wait_for(service, admin, job_id)["status"] == "succeeded"
     result = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
-    assert result["graphdef_deferred"] is True
+    assert result["graphdef_deferred"] is True and result["graphdef_error"] is None
     assert "compiled after the answer" in result["phases"]["compile"]["note"]
     attached = time.monotonic() + 60
     response = service.get(f"/v1/jobs/{job_id}/graphdef", headers=admin)
@@ -178,18 +178,51 @@ def test_a_graphdef_that_does_not_fit_in_the_budget_follows_the_answer(
     assert {n.device for n in first.node if n.device}
     settings = get_settings()
     with session_scope(settings.sqlalchemy_url) as session:
+        assert not job_state.following_steps(session)  # attached: no longer owed
         row = session.get(Result, job_id)
         row.graphdef_digest, row.device_map = None, None
+        job_state.follow_answer(session, job_id=job_id)
     for artifact in ("graphdef", "device-map"):
         missing = service.get(f"/v1/jobs/{job_id}/{artifact}", headers=admin)
         assert_problem(missing, 409, "did not fit in its budget")
-    rerun = threading.Thread(target=finish_step, args=(settings, job_id, 1))
-    rerun.start()
+    late = threading.Thread(target=graphdef_step, args=(settings, job_id))
+    late.start()
     client = TagplanClient(str(service.base_url))  # it waits out the 409s
     client.http = TestClient(service.app, headers=admin)
     assert GraphDef.FromString(client.graphdef(job_id, timeout_s=120)) == first
     assert client.device_map(job_id)
-    rerun.join()
+    late.join()
+    with session_scope(settings.sqlalchemy_url) as session:
+        assert not job_state.following_steps(session)
+
+
+def test_a_graphdef_that_fails_after_the_answer_says_why(
+    service: TestClient, admin: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GraphDef step of a job answered without it fails: the answer stands, its result
+    says why, and the GraphDef and device map answer 404 with the reason."""
+    from tagplan.planner import plan as plan_module
+    from tagplan.planner.compile import graphdef
+    from tagplan.planner.errors import InvalidInput
+
+    def refuse(*_: object, **__: object) -> None:
+        raise InvalidInput("no GraphDef today")
+
+    monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", 10**6)
+    monkeypatch.setattr(graphdef, "compile_graphdef", refuse)
+    body = {**MLP, "options": {"budget_s": 5, "fresh": True, "seed": 22}}
+    job_id = service.post("/v1/jobs", json=body, headers=admin).json()["id"]
+    assert wait_for(service, admin, job_id)["status"] == "succeeded"
+    failed = time.monotonic() + 60
+    result = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
+    while result["graphdef_error"] is None and time.monotonic() < failed:
+        time.sleep(0.2)
+        result = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
+    assert result["graphdef_error"] == "no GraphDef today"
+    assert result["step_time_s"] > 0 and result["strategy"]
+    for artifact in ("graphdef", "device-map"):
+        missing = service.get(f"/v1/jobs/{job_id}/{artifact}", headers=admin)
+        assert_problem(missing, 404, "its compile after the answer failed: no GraphDef today")
 
 
 def test_unknown_job_is_404(service: TestClient, admin: dict) -> None:

@@ -1,7 +1,8 @@
 """The sweeper on SQLite and PostgreSQL with a Redis broker of its own: a job quiet for
 longer than its window while nothing waits in the queue is re-sent once; one that reported
 recently, or whose message may still wait in the queue, is left alone; one lost too often
-fails with the reason; one process at a time holds the lease."""
+fails with the reason; so do the GraphDef steps owed after an answer; one process at a time
+holds the lease."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from tagplan.db import job_state
 from tagplan.db.blobs import put_blob
 from tagplan.db.leases import take_lease
 from tagplan.db.migrate import upgrade
-from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, utcnow
+from tagplan.db.models import ClusterRow, GraphRow, Job, JobStatus, JobStep, Result, utcnow
 from tagplan.db.session import session_scope
 from tagplan.settings import Settings
 from tagplan.workers.app import QUEUE, celery_config
-from tagplan.workers.sweeper import quiet_window_s, sweep_once, waiting_messages
+from tagplan.workers.sweeper import (
+    graphdef_window_s,
+    quiet_window_s,
+    sweep_once,
+    waiting_messages,
+)
 from tests.backends import fresh_postgres_database, reset_redis
 
 BUDGET_S = 10.0
@@ -136,6 +143,58 @@ def test_a_job_lost_too_often_fails_with_the_reason(settings: Settings, broker: 
     assert job.status == JobStatus.FAILED
     assert job.error.startswith("lost 3 times: no step reported for 60 s")
     assert waiting_messages(broker) == 0
+
+
+def _answered(settings: Settings, *, owed_quiet_s: float, dispatches: int = 1) -> str:
+    """A job answered without its GraphDef, whose GraphDef step was last sent or begun
+    ``owed_quiet_s`` ago."""
+    job_id = _job(settings, quiet_s=owed_quiet_s, status=JobStatus.SUCCEEDED)
+    with session_scope(settings.sqlalchemy_url) as session:
+        summary = {"step_time_s": 0.1, "strategy": {}, "graphdef_deferred": True}
+        session.add(
+            Result(
+                job_id=job_id,
+                graph_fingerprint="f",
+                cluster_fingerprint="f",
+                batch_size=1,
+                step_time_s=0.1,
+                summary=summary,
+            )
+        )
+        job_state.follow_answer(session, job_id=job_id)
+        session.flush()
+        step = session.get(JobStep, (job_id, job_state.FOLLOWING_STEP))
+        step.output = {"dispatches": dispatches}
+        step.updated_at = utcnow() - timedelta(seconds=owed_quiet_s)
+    return job_id
+
+
+def _owed(settings: Settings) -> dict[str, int]:
+    with session_scope(settings.sqlalchemy_url) as session:
+        return {s.job_id: s.output["dispatches"] for s in job_state.following_steps(session)}
+
+
+def test_a_lost_graphdef_step_is_sent_again_then_given_up(
+    settings: Settings, broker: Celery
+) -> None:
+    window_s = graphdef_window_s(settings)
+    assert window_s == settings.graphdef_time_limit_s + 30.0
+    lost = _answered(settings, owed_quiet_s=window_s + 5)
+    running = _answered(settings, owed_quiet_s=window_s - 5)
+    given_up = _answered(settings, owed_quiet_s=window_s + 5, dispatches=3)
+
+    report = sweep_once(settings, broker, holder="a")
+    assert report.graphdefs_resent == [lost] and report.graphdefs_failed == [given_up]
+    assert report.redispatched == [] and report.failed == []  # the jobs stay answered
+    assert waiting_messages(broker) == 1
+    assert _owed(settings) == {lost: 2, running: 1}
+    with session_scope(settings.sqlalchemy_url) as session:
+        summary = session.get(Result, given_up).summary
+        assert session.get(Job, given_up).status == JobStatus.SUCCEEDED
+    assert summary["graphdef_error"].startswith("the GraphDef step was lost 3 times")
+
+    again = sweep_once(settings, broker, holder="a")  # quiet again only after a window
+    assert again.graphdefs_resent == [] and _owed(settings) == {lost: 2, running: 1}
 
 
 def test_one_process_at_a_time_sweeps(settings: Settings, broker: Celery) -> None:

@@ -190,8 +190,14 @@ def get_device_map(job_id: str, session: SessionDep, caller: ReadKey) -> dict[st
 def _compiled_result(session: SessionDep, caller: Principal, job_id: str) -> Result:
     """The job's result once its GraphDef exists: 409 with ``Retry-After`` while the
     GraphDef of a plan whose budget left its compile out is being compiled after the
-    answer, 404 for a plan stored without one."""
+    answer, 404 for a plan stored without one (with the reason when that compile failed)."""
     result = _result(session, caller, job_id)
+    failed = result.summary.get("graphdef_error")
+    if result.graphdef_digest is None and failed:
+        raise Problem(
+            404,
+            f"job {job_id} has no compiled GraphDef: its compile after the answer failed: {failed}",
+        )
     if result.graphdef_digest is None and result.summary.get("graphdef_deferred"):
         pending = Problem(
             409,
