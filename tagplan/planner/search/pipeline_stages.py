@@ -122,15 +122,13 @@ def op_stages(
 ) -> np.ndarray:
     """Each op's stage (``0 .. len(shares) - 1``) by the cuts of the module docstring."""
     num_stages = len(shares)
-    forward = forward_ops(ir)
-    cut = forward & has_batch_input(ir) & (ir.split_category != SplitCategory.NONE)
+    graph = _stage_graph(ir)
+    ops = graph.cut_ops
     stage = np.full(ir.num_ops, -1, dtype=np.int64)
-    ops = np.flatnonzero(cut)
     seconds = op_time_s[ops]
     total = float(seconds.sum())
     done = np.cumsum(seconds) / total if total > 0 else np.zeros(len(ops))  # after op k
     fractions = shares / shares.sum()
-    crossing = _crossing_bytes(ir, ops)
     stage[ops] = 0
     for boundary, target in enumerate(np.cumsum(fractions)[:-1].tolist()):
         window = slack * min(fractions[boundary], fractions[boundary + 1])
@@ -138,38 +136,39 @@ def op_stages(
         allowed = np.flatnonzero(np.abs(before - target) <= window)
         first = int(np.searchsorted(before, target, side="right"))  # the balanced cut
         if len(allowed):
-            first = int(allowed[np.argmin(crossing[allowed])])  # the first of equals
+            first = int(allowed[np.argmin(graph.crossing[allowed])])  # the first of equals
         stage[ops[first:]] = boundary + 1
-    readers = _readers(ir)
-    shape = ir.tensor_aggregation == Aggregation.LOCAL
-    for op in ops[::-1].tolist():  # a shape is taken where it is read
-        outputs = ir.outputs(op)
-        if len(outputs) and shape[outputs.start : outputs.stop].all():
-            stage[op] = _first_reader(stage, readers[op], default=int(stage[op]))
-    for op in range(ir.num_ops - 1, -1, -1):  # forward ops without batch: first reader
-        if forward[op] and stage[op] < 0:
-            stage[op] = _first_reader(stage, readers[op], default=-1)
-    carries = ir.tensor_batch_axis >= 0
+    staged: list[int] = stage.tolist()
+    readers = graph.readers
+    for op in graph.cut_list[::-1]:  # a shape is taken where it is read
+        if graph.makes_shapes[op]:
+            staged[op] = _first_reader(staged, readers[op], default=staged[op])
+    for op in graph.forward_list[::-1]:  # forward ops without batch: first reader
+        if staged[op] < 0:
+            staged[op] = _first_reader(staged, readers[op], default=-1)
+    activations = graph.cut_mask if by_layer else [False] * ir.num_ops
     for op in range(ir.num_ops):  # backward ops: with the activations of their layer
-        if stage[op] < 0:
-            stage[op] = _backward_stage(ir, stage, cut & by_layer, carries, op)
+        if staged[op] < 0:
+            staged[op] = _backward_stage(graph, staged, activations, op)
     for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
-        if stage[op] < 0:
-            stage[op] = _first_reader(stage, readers[op], default=num_stages - 1)
-    _settle_backward(ir, stage, forward)
+        if staged[op] < 0:
+            staged[op] = _first_reader(staged, readers[op], default=num_stages - 1)
+    _settle_backward(graph, staged)
+    stage = np.asarray(staged, dtype=np.int64)
     atoms, _ = _variable_atoms(ir)  # with the earliest forward op among them, else the earliest
     count = int(atoms.max()) + 1
     earliest = np.full(count, num_stages, dtype=np.int64)
     np.minimum.at(earliest, atoms, stage)
+    forward = graph.forward
     forward_first = np.full(count, num_stages, dtype=np.int64)
     np.minimum.at(forward_first, atoms[forward], stage[forward])
     chosen = np.where(forward_first < num_stages, forward_first, earliest)
     return chosen[atoms]
 
 
-def _first_reader(stage: np.ndarray, readers: list[int], *, default: int) -> int:
+def _first_reader(stage: list[int], readers: list[int], *, default: int) -> int:
     """The earliest stage among ``readers`` already staged, else ``default``."""
-    return min((int(stage[r]) for r in readers if stage[r] >= 0), default=default)
+    return min((stage[r] for r in readers if stage[r] >= 0), default=default)
 
 
 @lru_cache(maxsize=8)
@@ -182,12 +181,77 @@ def _variable_atoms(ir: GraphIR) -> tuple[np.ndarray, np.ndarray]:
     return atoms, holds
 
 
-def _settle_backward(ir: GraphIR, stage: np.ndarray, forward: np.ndarray) -> None:
-    """Move backward ops, a few sweeps over them, to the stage among their neighbours'
-    that the fewest bytes of their inputs and outputs cross to (label propagation): a
-    gradient that only reads gradients joins the stage of the layer it flows into
-    rather than staying where it came from. Ops holding or next to per-replica values
-    (statistics, shapes) and ops colocated with a variable stay."""
+@dataclass(frozen=True, eq=False)
+class _StageGraph:
+    """What the cuts walk of one graph, the same for every layout: the forward ops and
+    the micro-batched ones among them (``cut_*``, in topological order, with the bytes
+    a cut before each crosses), per op its readers, the producers of its inputs and
+    whether each input is a replica's shape (``shape_inputs``) or batch data
+    (``data_inputs``), whether it makes shapes only; per tensor its bytes, producer and
+    readers; and the backward ops that label propagation may move. Python lists: the
+    walks visit ops one by one."""
+
+    forward: np.ndarray  # bool per op
+    forward_list: list[int]
+    cut_ops: np.ndarray
+    cut_list: list[int]
+    cut_mask: list[bool]
+    crossing: np.ndarray
+    readers: list[list[int]]
+    producers: list[list[int]]
+    shape_inputs: list[list[bool]]
+    data_inputs: list[list[bool]]
+    makes_shapes: list[bool]
+    inputs: list[list[int]]
+    outputs: list[range]
+    tensor_bytes: list[int]
+    tensor_producer: list[int]
+    consumers: list[list[int]]
+    movable_list: list[int]
+    movable_readers: list[list[int]]  # per op, the movable ops reading its outputs
+    movable_producers: list[list[int]]  # per op, the movable ops making its inputs
+
+
+@lru_cache(maxsize=8)
+def _stage_graph(ir: GraphIR) -> _StageGraph:
+    forward = forward_ops(ir)
+    cut = forward & has_batch_input(ir) & (ir.split_category != SplitCategory.NONE)
+    cut_ops = np.flatnonzero(cut)
+    producer = ir.tensor_producer.tolist()
+    shape = (ir.tensor_aggregation == Aggregation.LOCAL).tolist()
+    carries = (ir.tensor_batch_axis >= 0).tolist()
+    inputs = ir.input_lists
+    outputs = [ir.outputs(op) for op in range(ir.num_ops)]
+    movable = _movable(ir, forward).tolist()
+    readers = _readers(ir)
+    producers = [[producer[t] for t in tensors] for tensors in inputs]
+    return _StageGraph(
+        forward=forward,
+        forward_list=np.flatnonzero(forward).tolist(),
+        cut_ops=cut_ops,
+        cut_list=cut_ops.tolist(),
+        cut_mask=cut.tolist(),
+        crossing=_crossing_bytes(ir, cut_ops),
+        readers=readers,
+        producers=producers,
+        shape_inputs=[[shape[t] for t in tensors] for tensors in inputs],
+        data_inputs=[[carries[t] for t in tensors] for tensors in inputs],
+        makes_shapes=[len(out) > 0 and all(shape[t] for t in out) for out in outputs],
+        inputs=inputs,
+        outputs=outputs,
+        tensor_bytes=ir.tensor_bytes.tolist(),
+        tensor_producer=producer,
+        consumers=[ir.consumers(t).tolist() for t in range(ir.num_tensors)],
+        movable_list=[op for op in range(ir.num_ops) if movable[op]],
+        movable_readers=[[r for r in found if movable[r]] for found in readers],
+        movable_producers=[[p for p in found if movable[p]] for found in producers],
+    )
+
+
+def _movable(ir: GraphIR, forward: np.ndarray) -> np.ndarray:
+    """The backward ops label propagation may move (:func:`_settle_backward`): not those
+    holding or next to per-replica values (statistics, shapes), nor ops colocated with a
+    variable."""
     atoms, holds = _variable_atoms(ir)
     per_replica = np.isin(ir.tensor_aggregation, (Aggregation.MEAN, Aggregation.LOCAL))
     reads_value = np.zeros(ir.num_ops, dtype=bool)
@@ -195,43 +259,36 @@ def _settle_backward(ir: GraphIR, stage: np.ndarray, forward: np.ndarray) -> Non
     reads_value[reader[per_replica[ir.op_input_tensor]]] = True
     makes_value = np.zeros(ir.num_ops, dtype=bool)
     makes_value[ir.tensor_producer[per_replica]] = True
-    movable = ~forward & ~holds[atoms] & ~reads_value & ~makes_value
-    nbytes = ir.tensor_bytes.tolist()
-    producer = ir.tensor_producer.tolist()
-    op_inputs = ir.input_lists
-    out_bounds = ir.op_output_ptr.tolist()
-    consumers = [ir.consumers(t).tolist() for t in range(ir.num_tensors)]
+    return ~forward & ~holds[atoms] & ~reads_value & ~makes_value
+
+
+def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
+    """Move backward ops, a few sweeps over them, to the stage among their neighbours'
+    that the fewest bytes of their inputs and outputs cross to (label propagation): a
+    gradient that only reads gradients joins the stage of the layer it flows into
+    rather than staying where it came from. Only the movable ops move (:func:`_movable`)."""
+    nbytes, producer, consumers = graph.tensor_bytes, graph.tensor_producer, graph.consumers
     for _ in range(_SETTLE_SWEEPS):
         moved = 0
-        for op in np.flatnonzero(movable).tolist():
+        for op in graph.movable_list:
             cost: dict[int, float] = {}
-            inputs = op_inputs[op]
+            inputs = graph.inputs[op]
             for tensor in inputs:
-                where = int(stage[producer[tensor]])
+                where = stage[producer[tensor]]
                 cost[where] = cost.get(where, 0.0) + nbytes[tensor]
-            for tensor in range(out_bounds[op], out_bounds[op + 1]):
-                for where in {int(stage[c]) for c in consumers[tensor]}:
+            outputs = graph.outputs[op]
+            for tensor in outputs:
+                for where in {stage[c] for c in consumers[tensor]}:
                     cost[where] = cost.get(where, 0.0) + nbytes[tensor]
             # the backward pass goes stage by stage back: not below what it feeds,
             # not above the gradients it reads
-            low = max(
-                (
-                    int(stage[c])
-                    for t in range(out_bounds[op], out_bounds[op + 1])
-                    for c in consumers[t]
-                    if movable[c]
-                ),
-                default=0,
-            )
-            high = min(
-                (int(stage[producer[t]]) for t in inputs if movable[producer[t]]),
-                default=1 << 30,
-            )
+            low = max((stage[c] for c in graph.movable_readers[op]), default=0)
+            high = min((stage[p] for p in graph.movable_producers[op]), default=1 << 30)
             cost = {s: c for s, c in cost.items() if low <= s <= high}
             if not cost:
                 continue
             total = sum(cost.values())
-            current = int(stage[op])
+            current = stage[op]
             best = max(cost, key=lambda s: (cost[s], s == current))  # the most bytes kept
             if best != current and total - cost[best] < total - cost.get(current, 0.0):
                 stage[op] = best
@@ -240,28 +297,29 @@ def _settle_backward(ir: GraphIR, stage: np.ndarray, forward: np.ndarray) -> Non
             break
 
 
-def _backward_stage(
-    ir: GraphIR, stage: np.ndarray, forward: np.ndarray, carries: np.ndarray, op: int
-) -> int:
+def _backward_stage(graph: _StageGraph, stage: list[int], activations: list[bool], op: int) -> int:
     """The stage of an op outside the forward pass: where the replica shapes it reads were
     taken; else the latest stage among the outputs of micro-batched forward ops it reads
-    (``forward`` marks those ops; its layer's activations and saved statistics, which
+    (``activations`` marks those ops; its layer's activations and saved statistics, which
     must be read where they were made, not a mask or an encoder output every later stage
     reads); without any, the earliest among the batch data it reads (gradients coming
     back), else among all it reads; -1 when nothing it reads is staged yet."""
-    inputs = ir.inputs(op)
-    producers = ir.tensor_producer[inputs]
-    shapes = stage[producers[ir.tensor_aggregation[inputs] == Aggregation.LOCAL]]
-    if (shapes >= 0).any():  # a replica's shape is read where it was taken
-        return int(shapes.max())
-    data = carries[inputs]
-    activations = stage[producers[forward[producers]]]
-    if (activations >= 0).any():
-        return int(activations.max())
-    for chosen in (producers[data], producers):
-        staged = stage[chosen]
-        if (staged >= 0).any():
-            return int(staged[staged >= 0].min())
+    producers = graph.producers[op]
+    shapes = [
+        stage[p] for p, is_shape in zip(producers, graph.shape_inputs[op], strict=True) if is_shape
+    ]
+    if shapes and max(shapes) >= 0:  # a replica's shape is read where it was taken
+        return max(shapes)
+    made = [stage[p] for p in producers if activations[p]]
+    if made and max(made) >= 0:
+        return max(made)
+    data = [
+        stage[p] for p, is_data in zip(producers, graph.data_inputs[op], strict=True) if is_data
+    ]
+    for staged in (data, [stage[p] for p in producers]):
+        found = [s for s in staged if s >= 0]
+        if found:
+            return min(found)
     return -1
 
 
