@@ -1,12 +1,15 @@
 """A :class:`~tagplan.planner.sim.taskgraph.TaskGraph` built task by task.
 
 The compiler (:mod:`.tasks`) adds hundreds of thousands of tasks, buffers and dependencies
-one at a time; Python lists take them at the cost of an append each, and
-:meth:`TaskBuilder.build` turns them into the graph's flat arrays once.
+one at a time; typed arrays (:mod:`array`, in the graph's dtypes) take them at the cost of
+an append each, and :meth:`TaskBuilder.build` copies their buffers into the graph's flat
+numpy arrays at once (converting Python lists element by element was a tenth of a
+compile).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -40,32 +43,38 @@ def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np
     return ptr, (codes % width).astype(np.int32)
 
 
+def _numpy(column: array) -> np.ndarray:
+    """A copy of ``column`` as a numpy array of its type."""
+    return np.frombuffer(column, dtype=column.typecode).copy()
+
+
 @dataclass(eq=False)
 class TaskBuilder:
-    """The task graph being built, one list per column. Dependencies and buffer reads are
-    ``(from, to)`` pairs that may repeat; :meth:`build` drops repeats and sorts them.
+    """The task graph being built, one typed array per column (the names: a list).
+    Dependencies and buffer reads are ``(from, to)`` pairs that may repeat; :meth:`build`
+    drops repeats and sorts them.
 
     Tasks and buffers are numbered in the order they are added.
     """
 
     num_devices: int
-    kind: list[int] = field(default_factory=list)
-    device: list[int] = field(default_factory=list)
-    duration: list[float] = field(default_factory=list)
-    group: list[int] = field(default_factory=list)
-    nbytes: list[int] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
+    kind: array = field(default_factory=lambda: array("b"))
+    device: array = field(default_factory=lambda: array("i"))
+    duration: array = field(default_factory=lambda: array("d"))
+    group: array = field(default_factory=lambda: array("i"))
+    nbytes: array = field(default_factory=lambda: array("q"))
+    latency: array = field(default_factory=lambda: array("d"))
     names: list[str] = field(default_factory=list)
-    link_count: list[int] = field(default_factory=list)
-    link_index: list[int] = field(default_factory=list)
-    link_share: list[float] = field(default_factory=list)
-    edge_src: list[int] = field(default_factory=list)
-    edge_dst: list[int] = field(default_factory=list)
-    buffer_device: list[int] = field(default_factory=list)
-    buffer_bytes: list[int] = field(default_factory=list)
-    buffer_producer: list[int] = field(default_factory=list)
-    read_buffer: list[int] = field(default_factory=list)
-    read_task: list[int] = field(default_factory=list)
+    link_count: array = field(default_factory=lambda: array("i"))
+    link_index: array = field(default_factory=lambda: array("i"))
+    link_share: array = field(default_factory=lambda: array("d"))
+    edge_src: array = field(default_factory=lambda: array("q"))
+    edge_dst: array = field(default_factory=lambda: array("q"))
+    buffer_device: array = field(default_factory=lambda: array("i"))
+    buffer_bytes: array = field(default_factory=lambda: array("q"))
+    buffer_producer: array = field(default_factory=lambda: array("i"))
+    read_buffer: array = field(default_factory=lambda: array("q"))
+    read_task: array = field(default_factory=lambda: array("q"))
 
     def task(
         self,
@@ -120,6 +129,18 @@ class TaskBuilder:
         self.edge_src.append(pred)
         self.edge_dst.append(succ)
 
+    def compute_task(self, device: int, group: int, name: str) -> int:
+        """One compute task, its seconds left at zero for the caller to set."""
+        self.kind.append(COMPUTE)
+        self.device.append(device)
+        self.duration.append(0.0)
+        self.group.append(group)
+        self.nbytes.append(0)
+        self.latency.append(0.0)
+        self.names.append(name)
+        self.link_count.append(0)
+        return len(self.kind) - 1
+
     def compute_tasks(self, devices: list[int], group: int, names: list[str]) -> list[int]:
         """Consecutive compute tasks, one per device, their seconds left at zero for the
         caller to set; what :meth:`task` does for many."""
@@ -169,32 +190,32 @@ class TaskBuilder:
     ) -> TaskGraph:
         """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added."""
         n = len(self.kind)
-        src = np.concatenate([np.array(self.edge_src, dtype=np.int64), more_edges[0]])
-        dst = np.concatenate([np.array(self.edge_dst, dtype=np.int64), more_edges[1]])
+        src = np.concatenate([_numpy(self.edge_src), more_edges[0]])
+        dst = np.concatenate([_numpy(self.edge_dst), more_edges[1]])
         succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
         consumer_ptr, consumer_task = _pairs_csr(
-            self.read_buffer, self.read_task, len(self.buffer_device), n
+            _numpy(self.read_buffer), _numpy(self.read_task), len(self.buffer_device), n
         )
         link_ptr = np.zeros(n + 1, dtype=np.int32)
-        link_ptr[1:] = np.cumsum(self.link_count)
+        link_ptr[1:] = np.cumsum(_numpy(self.link_count))
         return TaskGraph(
             num_devices=self.num_devices,
             num_links=num_links,
-            task_kind=np.array(self.kind, dtype=np.int8),
-            task_device=np.array(self.device, dtype=np.int32),
-            task_duration_s=np.array(self.duration, dtype=np.float64),
+            task_kind=_numpy(self.kind),
+            task_device=_numpy(self.device),
+            task_duration_s=_numpy(self.duration),
             task_priority=np.zeros(n, dtype=np.float64),
-            task_group=np.array(self.group, dtype=np.int32),
-            task_bytes=np.array(self.nbytes, dtype=np.int64),
-            task_latency_s=np.array(self.latency, dtype=np.float64),
+            task_group=_numpy(self.group),
+            task_bytes=_numpy(self.nbytes),
+            task_latency_s=_numpy(self.latency),
             link_ptr=link_ptr,
-            link_index=np.array(self.link_index, dtype=np.int32),
-            link_share=np.array(self.link_share, dtype=np.float64),
+            link_index=_numpy(self.link_index),
+            link_share=_numpy(self.link_share),
             succ_ptr=succ_ptr,
             succ_index=succ_index,
-            buffer_device=np.array(self.buffer_device, dtype=np.int32),
-            buffer_bytes=np.array(self.buffer_bytes, dtype=np.int64),
-            buffer_producer=np.array(self.buffer_producer, dtype=np.int32),
+            buffer_device=_numpy(self.buffer_device),
+            buffer_bytes=_numpy(self.buffer_bytes),
+            buffer_producer=_numpy(self.buffer_producer),
             consumer_ptr=consumer_ptr,
             consumer_task=consumer_task,
             persistent_bytes=persistent,

@@ -968,8 +968,10 @@ class _TaskGraphCompilation:
         ready = self._ready_inputs(op, rows)
         if None in ready:
             tasks = []
-            for inst in instances:
-                task = self._compute(op, range(inst, inst + 1))[0]
+            out, group, devices = self.out, self.op_group[op], self.inst_device
+            names = self.fixed.instance_names(op, 0, len(instances))
+            for inst, name in zip(instances, names, strict=True):
+                task = self.instance_task[inst] = out.compute_task(devices[inst], group, name)
                 self._inputs(op, inst, task, ready)  # may add transfers, Split/Concat/AddN
                 tasks.append(task)
             self._read_ready(ready, tasks)
