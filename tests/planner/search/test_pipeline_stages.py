@@ -15,11 +15,8 @@ from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.baselines import BASELINES
 from tagplan.planner.search.grouping import atoms_of, cluster_mean_op_time_s
-from tagplan.planner.search.pipeline_stages import (
-    op_stages,
-    pipeline_baseline,
-    stage_units,
-)
+from tagplan.planner.search.pipeline_stages import pipeline_baseline, stage_units
+from tagplan.planner.search.stage_cuts import op_stages
 from tagplan.planner.strategy import Schedule, resolve
 from tagplan.planner.topology import Cluster, load_cluster
 from tests.planner.compile.test_graphdef import committed, two_by_two
