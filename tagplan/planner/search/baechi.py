@@ -399,6 +399,8 @@ class _ListScheduler:
         self.units, self.unit_bytes, self.capacity = units, unit_bytes, capacity
         self.output_bytes = output_bytes
         self.favourite = favourite
+        self.waits_for_children = bool((favourite >= 0).any())  # m-SCT; m-ETF has none
+        self.least_capacity = float(capacity.min())
         num_devices, num_ops = times.shape
         self.devices = np.arange(num_devices)
         self.rank = graph.topological_rank()
@@ -481,6 +483,8 @@ class _ListScheduler:
 
     def _may_await(self, free: np.ndarray) -> bool:
         """Whether a free device may be awake for a favourite child (m-SCT)."""
+        if not self.waits_for_children:
+            return False
         last = self.last_op[free]
         child = np.where(last >= 0, self.favourite[np.maximum(last, 0)], -1)
         child = child[child >= 0]
@@ -529,7 +533,7 @@ class _ListScheduler:
         unit = self.units[ops]
         pinned = self.device_of_unit[unit]
         needed = self.unit_bytes[unit] + self.output_bytes[ops]
-        if self.used.max() + needed.max(initial=0.0) <= self.capacity.min():  # room anywhere
+        if self.used.max() + needed.max(initial=0.0) <= self.least_capacity:  # room anywhere
             return (pinned < 0)[:, None] | (self.devices == pinned[:, None])
         fits = self.used + needed[:, None] <= self.capacity
         fits[~fits.any(axis=1), int(np.argmax(self.capacity - self.used))] = True
@@ -552,7 +556,9 @@ class _ListScheduler:
         """Free devices awake for a favourite child, with its row (m-SCT, §2.4): the
         last op's favourite child is ready, its unit not yet placed, and it can begin
         on the device no later than anywhere."""
-        awake = {}
+        awake: dict[int, int] = {}
+        if not self.waits_for_children:
+            return awake
         for device in free.tolist():
             last = self.last_op[device]
             child = int(self.favourite[last]) if last >= 0 else -1
