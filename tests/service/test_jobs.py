@@ -200,10 +200,13 @@ def test_a_graphdef_that_fails_after_the_answer_says_why(
     service: TestClient, admin: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GraphDef step of a job answered without it fails: the answer stands, its result
-    says why, and the GraphDef and device map answer 404 with the reason."""
+    says why, and the GraphDef and device map answer 404 with the reason. The step
+    delivered again compiles nothing (here it would raise)."""
     from tagplan.planner import plan as plan_module
     from tagplan.planner.compile import graphdef
     from tagplan.planner.errors import InvalidInput
+    from tagplan.settings import get_settings
+    from tagplan.workers.steps import graphdef_step
 
     def refuse(*_: object, **__: object) -> None:
         raise InvalidInput("no GraphDef today")
@@ -223,6 +226,9 @@ def test_a_graphdef_that_fails_after_the_answer_says_why(
     for artifact in ("graphdef", "device-map"):
         missing = service.get(f"/v1/jobs/{job_id}/{artifact}", headers=admin)
         assert_problem(missing, 404, "its compile after the answer failed: no GraphDef today")
+    graphdef_step(get_settings(), job_id)
+    again = service.get(f"/v1/jobs/{job_id}/result", headers=admin).json()
+    assert again["graphdef_error"] == "no GraphDef today"
 
 
 def test_unknown_job_is_404(service: TestClient, admin: dict) -> None:

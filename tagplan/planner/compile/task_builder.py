@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -58,23 +59,23 @@ class TaskBuilder:
     """
 
     num_devices: int
-    kind: array = field(default_factory=lambda: array("b"))
-    device: array = field(default_factory=lambda: array("i"))
-    duration: array = field(default_factory=lambda: array("d"))
-    group: array = field(default_factory=lambda: array("i"))
-    nbytes: array = field(default_factory=lambda: array("q"))
-    latency: array = field(default_factory=lambda: array("d"))
+    kind: array = field(default_factory=partial(array, "b"))
+    device: array = field(default_factory=partial(array, "i"))
+    duration: array = field(default_factory=partial(array, "d"))
+    group: array = field(default_factory=partial(array, "i"))
+    nbytes: array = field(default_factory=partial(array, "q"))
+    latency: array = field(default_factory=partial(array, "d"))
     names: list[str] = field(default_factory=list)
-    link_count: array = field(default_factory=lambda: array("i"))
-    link_index: array = field(default_factory=lambda: array("i"))
-    link_share: array = field(default_factory=lambda: array("d"))
-    edge_src: array = field(default_factory=lambda: array("q"))
-    edge_dst: array = field(default_factory=lambda: array("q"))
-    buffer_device: array = field(default_factory=lambda: array("i"))
-    buffer_bytes: array = field(default_factory=lambda: array("q"))
-    buffer_producer: array = field(default_factory=lambda: array("i"))
-    read_buffer: array = field(default_factory=lambda: array("q"))
-    read_task: array = field(default_factory=lambda: array("q"))
+    link_count: array = field(default_factory=partial(array, "i"))
+    link_index: array = field(default_factory=partial(array, "i"))
+    link_share: array = field(default_factory=partial(array, "d"))
+    edge_src: array = field(default_factory=partial(array, "q"))
+    edge_dst: array = field(default_factory=partial(array, "q"))
+    buffer_device: array = field(default_factory=partial(array, "i"))
+    buffer_bytes: array = field(default_factory=partial(array, "q"))
+    buffer_producer: array = field(default_factory=partial(array, "i"))
+    read_buffer: array = field(default_factory=partial(array, "q"))
+    read_task: array = field(default_factory=partial(array, "q"))
 
     def task(
         self,

@@ -192,8 +192,8 @@ def _compiled_result(session: SessionDep, caller: Principal, job_id: str) -> Res
     GraphDef of a plan whose budget left its compile out is being compiled after the
     answer, 404 for a plan stored without one (with the reason when that compile failed)."""
     result = _result(session, caller, job_id)
-    failed = result.summary.get("graphdef_error")
-    if result.graphdef_digest is None and failed:
+    failed = result.graphdef_digest is None and result.summary.get("graphdef_error")
+    if failed:
         raise Problem(
             404,
             f"job {job_id} has no compiled GraphDef: its compile after the answer failed: {failed}",
