@@ -61,6 +61,14 @@ def plan_command(
             "--pipeline/--no-pipeline", help="Weigh pipelined strategies (micro-batches) too."
         ),
     ] = True,
+    every_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--every-baseline",
+            help="Simulate every baseline, also those a bound shows slower than one "
+            "simulated before (they cannot be the plan; left out by default).",
+        ),
+    ] = False,
     prior: Annotated[
         str,
         typer.Option(
@@ -88,6 +96,7 @@ def plan_command(
             sfb=sfb,
             shards=shards,
             pipeline=pipeline,
+            every_baseline=every_baseline,
         )
         deadline = Deadline.after(budget_s)  # reading and analyzing the graph count too
         search_prior, note = resolve_prior(prior)

@@ -172,6 +172,9 @@ def submit_command(
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
     sfb: Annotated[bool, typer.Option("--sfb/--no-sfb")] = True,
     pipeline: Annotated[bool, typer.Option("--pipeline/--no-pipeline")] = True,
+    every_baseline: Annotated[
+        bool, typer.Option("--every-baseline", help="Simulate the baselines a bound rules out too.")
+    ] = False,
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Search even when a cached plan answers the job.")
     ] = False,
@@ -197,6 +200,7 @@ def submit_command(
         "shards": shards,
         "sfb": sfb,
         "pipeline": pipeline,
+        "every_baseline": every_baseline,
         "fresh": fresh,
         "deadline_s": deadline_s,
         "refine_s": refine_s,

@@ -39,6 +39,9 @@ class PlanOptions:
     patience: int | None = DEFAULT_PATIENCE  # convergence window; None: use the budget
     by_class: bool = True  # simulate GPUs treated alike once (False: per GPU, the reference)
     pipeline: bool = True  # weigh pipelined strategies too: the baseline and tagplan's
+    # simulate the baselines a bound rules out too (they cannot be the plan): for tables
+    # that compare every baseline
+    every_baseline: bool = False
 
     def __post_init__(self) -> None:
         if not (self.budget_s > 0 and math.isfinite(self.budget_s)):

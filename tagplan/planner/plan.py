@@ -73,6 +73,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from tagplan.planner.background import BackgroundWork
 from tagplan.planner.budget import Deadline, PhaseLog, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.comm import CommModel
@@ -85,14 +86,14 @@ from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
-from tagplan.planner.search.comm_bound import comm_bound
+from tagplan.planner.search.comm_bound import CommBound, comm_bound
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops, grouping_of
 from tagplan.planner.search.layout_branches import (
     PIPELINE_SHARE,
     LayoutBranches,
     bounded_layouts,
 )
-from tagplan.planner.search.lower_bound import lower_bound
+from tagplan.planner.search.lower_bound import lower_bound, model_parallel_bound_s
 from tagplan.planner.search.mcts import (
     SearchOutcome,
     SearchProgress,
@@ -147,6 +148,9 @@ _LIKE_REFERENCE = frozenset({"dp-nccl-p", "horovod"})
 # baselines simulated per GPU (a parameter server on every GPU leaves no two alike; a
 # pipeline's micro-batches are compiled per GPU)
 _PER_GPU_BASELINES = frozenset({"dp-ps", "pipeline"})
+# Baechi's placers: every op whole on one GPU (model_parallel_bound_s bounds them before
+# their placement, which costs more than their simulation)
+_MODEL_PARALLEL_BASELINES = frozenset({"m-topo", "m-etf", "m-sct"})
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,8 @@ class Planner:
         self.per_gpu_factor = 1.0  # a per-GPU evaluation over one by symmetry class
         self.evaluation_s = 0.0  # one evaluation of the reference, measured
         self._lower_bound_s: float | None = None
+        self._model_parallel_bound_s: float | None = None
+        self._comm_bound: BackgroundWork[CommBound | None] | None = None
         costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(
             ir, cluster, costs=costs, comm=comm, by_class=self.options.by_class
@@ -269,25 +275,39 @@ class Planner:
             self._lower_bound_s = bound.step_time_s
         return self._lower_bound_s
 
-    def _comm_bound_s(self) -> float | None:
-        """The bound counting communication over the search's actions
-        (:func:`~.search.comm_bound.comm_bound`), solved in the time the budget has left;
-        ``None`` (phase ``bound`` skipped) when that is not enough."""
-        self._enter("bound")
-        left_s = self.deadline.left_s()
-        bound = None
-        if left_s > 0:
-            bound = comm_bound(
+    def start_comm_bound(self) -> None:
+        """Start solving the bound counting communication over the search's actions
+        (:func:`~.search.comm_bound.comm_bound`) on a thread of its own, until the
+        deadline (once; :meth:`finish` starts it if nobody did). Its LP takes most of its
+        time, and HiGHS holds no GIL while it solves: where a core is free, the phases
+        that run meanwhile hide it. Its value does not depend on when it runs."""
+        if self._comm_bound is not None:
+            return
+        self._comm_bound = BackgroundWork(
+            lambda: comm_bound(
                 self.ir,
                 self.cluster,
                 self.evaluator.costs,
                 self.grouping.op_group,
                 self.space,
                 free_s=self.lower_bound_s(),
-                time_limit_s=left_s,
-            )
+                time_limit_s=self.deadline.left_s(),
+            ),
+            name="tagplan-comm-bound",
+        )
+
+    def _comm_bound_s(self) -> float | None:
+        """The communication bound of :meth:`start_comm_bound`, waited for until the
+        deadline; ``None`` (phase ``bound`` skipped) when its LP was not solved by then."""
+        self._enter("bound")
+        self.start_comm_bound()
+        bound = self._comm_bound.result(self.deadline.left_s())
         if bound is None:
             self.phases.mark("bound", "skipped", "the budget ran out before its LP was solved")
+        else:
+            self._note(
+                "bound", f"solved beside the other phases in {self._comm_bound.seconds:.2f} s"
+            )
         return None if bound is None else bound.step_time_s
 
     # phases ---------------------------------------------------------------------------
@@ -332,6 +352,7 @@ class Planner:
         names = [
             n for n in BASELINES if n != REFERENCE and (n != "pipeline" or self.options.pipeline)
         ]
+        ruled_out: dict[str, list[str]] = {}  # the bound, and the baselines it ruled out
         for name in [REFERENCE, *names]:
             self._check_cancel()
             left_s = ends_at - time.time()
@@ -341,11 +362,16 @@ class Planner:
             if name != REFERENCE and left_s < expected_s:
                 skipped.append(name)
                 continue
+            bar_s = min((s.step_time_s for s in scores.values() if not s.oom), default=math.inf)
+            if self._bounded_out(name, None, bar_s, ruled_out):
+                continue
             started = time.perf_counter()
             try:
                 strategy = baseline_strategy(
                     name, ir, cluster, costs, time_limit_s=None if name == REFERENCE else left_s
                 )
+                if self._bounded_out(name, strategy, bar_s, ruled_out):
+                    continue
                 evaluation = self.evaluator.evaluate(strategy)
             except BudgetExhausted:
                 skipped.append(name)
@@ -379,13 +405,45 @@ class Planner:
                 "baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}"
             )
         if refused:
-            report = self.phases.reports["baselines"]
-            notes = [report.note] if report.note else []
-            report.note = "; ".join([*notes, f"not applicable: {', '.join(refused)}"])
+            self._note("baselines", f"not applicable: {', '.join(refused)}")
+        if ruled_out:
+            best = min((s.step_time_s for s in scores.values() if not s.oom), default=math.inf)
+            self._note(
+                "baselines",
+                f"not simulated, bounded at or above the best baseline's {best * 1e3:.1f} ms: "
+                + "; ".join(f"{', '.join(names)} ({why})" for why, names in ruled_out.items()),
+            )
         fitting = [s.step_time_s for s in self.baselines.values() if not s.oom]
         self.reference_step_s = self.baselines[REFERENCE].step_time_s
         self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
         self.phases.leave()
+
+    def _bounded_out(
+        self, name: str, strategy: Strategy | None, bar_s: float, ruled_out: dict[str, list[str]]
+    ) -> bool:
+        """Whether baseline ``name`` cannot be faster than ``bar_s``, the best step that
+        fits so far (then named in ``ruled_out`` under its bound, and not simulated): Baechi's
+        placers before their placement (``strategy`` not built yet), which costs more than
+        their simulation, by model parallelism's critical path
+        (:func:`~.search.lower_bound.model_parallel_bound_s`); the baselines simulated per
+        GPU once built, by their busiest GPU's compute
+        (:meth:`~.evaluate.Evaluator.compute_bound_s`). Never with ``every_baseline``."""
+        if bar_s == math.inf or self.options.every_baseline:
+            return False
+        if strategy is None and name in _MODEL_PARALLEL_BASELINES:
+            if self._model_parallel_bound_s is None:
+                self._model_parallel_bound_s = model_parallel_bound_s(
+                    self.ir, self.cluster, self.evaluator.costs
+                )
+            what, bound_s = "model parallelism's critical path", self._model_parallel_bound_s
+        elif strategy is not None and name in _PER_GPU_BASELINES:
+            what, bound_s = "busiest GPU's compute", self.evaluator.compute_bound_s(strategy)
+        else:
+            return False
+        if bound_s < bar_s:
+            return False
+        ruled_out.setdefault(f"{what} {bound_s * 1e3:.1f} ms", []).append(name)
+        return True
 
     def _cut_layouts(self) -> LayoutBranches | None:
         """tagplan's stage layouts as branches of the search (module docstring), bounded by
@@ -538,6 +596,7 @@ class Planner:
     ) -> PlanResult:
         """Decide SFB for the search's best strategy and the fastest baseline, keep the
         faster, simulate it for the trace and compile it."""
+        self.start_comm_bound()  # solved beside SFB and the compile, if not yet started
         searched = [o for o in outcomes if o.iterations]
         self._record_search(outcomes, searched)
         reserve_graphdef = graph_def is not None and self.graphdef
@@ -706,6 +765,7 @@ def plan(
         deadline=deadline,
         graphdef=graph_def is not None,
     )
+    planner.start_comm_bound()  # solved while the search runs
     shards = planner.options.shards
     budget = planner.search_budget_s(shards)
     outcomes = [

@@ -109,6 +109,10 @@ _REQUEST_BOUNDS: dict[str, dict[str, Any]] = {
     "seed": {"ge": 0, "le": INT32_MAX},
     "sfb": {"description": "sufficient-factor broadcast on/off"},
     "pipeline": {"description": "weigh pipelined strategies (stages over micro-batches) too"},
+    "every_baseline": {
+        "description": "simulate every baseline, also those a bound shows slower than one "
+        "simulated before (they cannot be the plan)"
+    },
     "max_groups": {"ge": 1, "le": MAX_GROUPS},
     "shards": {"ge": 1, "le": MAX_SHARDS, "description": "root-parallel search trees (workers)"},
 }

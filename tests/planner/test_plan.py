@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None
         ir,
         load_cluster("testbed"),
         graph_def=source.graph_def,
-        options=PlanOptions(iterations=30, budget_s=600),
+        options=PlanOptions(iterations=30, budget_s=600, every_baseline=True),
         progress=lambda p: phases.append(p.phase),
     )
     assert not result.evaluation.result.oom
@@ -57,6 +58,23 @@ def test_a_plan_is_never_slower_than_a_baseline_and_reports_everything() -> None
     assert trace["traceEvents"]
     report = result.report_markdown()
     assert "| dp-nccl |" in report and "lower bound" in report
+
+
+def test_a_baseline_bounded_above_the_best_one_is_not_simulated() -> None:
+    ir, cluster = zoo_ir("bert_small"), load_cluster("testbed")
+    options = PlanOptions(iterations=5, budget_s=600, sfb=False)
+    result = plan(ir, cluster, options=options)
+    everything = plan(ir, cluster, options=replace(options, every_baseline=True))
+    ruled_out = set(everything.baselines) - set(result.baselines)
+    assert ruled_out >= {"m-topo", "m-etf", "m-sct"}  # model parallelism of a deep chain
+    note = result.phases["baselines"]["note"]
+    assert all(name in note for name in ruled_out) and "critical path" in note
+    # the bound kept its word: none of them would have been the plan
+    best = min(s for s in result.baselines.values() if s is not None)
+    assert all(
+        everything.baselines[n] is None or everything.baselines[n] >= best for n in ruled_out
+    )
+    assert result.strategy == everything.strategy and result.step_time_s == everything.step_time_s
 
 
 def test_a_seed_gives_the_same_plan_and_shards_merge() -> None:

@@ -38,7 +38,7 @@ from tagplan.planner.graph.batch import SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.topology import Cluster
 
-__all__ = ["LowerBound", "lower_bound", "spread_bound_s"]
+__all__ = ["LowerBound", "lower_bound", "model_parallel_bound_s", "spread_bound_s"]
 
 
 @dataclass(frozen=True)
@@ -60,21 +60,35 @@ def lower_bound(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> LowerBound
     fastest = np.min(np.stack(list(per_type.values())), axis=0)
     splittable = ir.split_category != SplitCategory.NONE
     split_time = np.where(rate > 0, 1.0 / np.maximum(rate, 1e-30), 0.0)
-    weight = np.where(splittable, split_time, fastest)
-    finish = np.zeros(ir.num_ops)
-    for op in range(ir.num_ops):  # ops are in topological order
-        preds = ir.tensor_producer[ir.inputs(op)]
-        start = max(
-            float(finish[preds].max()) if len(preds) else 0.0,
-            float(finish[ir.control_preds(op)].max()) if len(ir.control_preds(op)) else 0.0,
-        )
-        finish[op] = start + weight[op]
-    critical = float(finish.max()) if ir.num_ops else 0.0
+    critical = _critical_path_s(ir, np.where(splittable, split_time, fastest))
     types, counts = np.unique(np.asarray(device_types), return_counts=True)
     spread = spread_bound_s(np.stack([per_type[int(t)] for t in types]), counts)
     return LowerBound(
         step_time_s=max(critical, spread), critical_path_s=critical, perfect_spread_s=spread
     )
+
+
+def model_parallel_bound_s(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> float:
+    """A lower bound on the step of any strategy that runs every op whole on one GPU
+    (Baechi's placements, :mod:`.baechi`): the critical path with each op at its fastest
+    GPU type's time at the full batch, communication free. Along a chain of dependent ops
+    each starts after the one before ends, wherever they are placed, and no GPU runs an
+    op faster than its fastest type does; transfers only add."""
+    types = sorted(set(cluster.device_type.tolist()))
+    fastest = np.min(np.stack([costs.op_times(t, ir.batch_size).seconds for t in types]), axis=0)
+    return _critical_path_s(ir, fastest)
+
+
+def _critical_path_s(ir: GraphIR, op_s: np.ndarray) -> float:
+    """The longest chain of data and control dependencies, op ``o`` taking ``op_s[o]``."""
+    finish = np.zeros(ir.num_ops)
+    tensor_producer = ir.tensor_producer.tolist()
+    for op, inputs in enumerate(ir.input_lists):  # ops are in topological order
+        preds = [tensor_producer[t] for t in inputs]
+        preds.extend(ir.control_preds(op).tolist())
+        start = float(finish[preds].max()) if preds else 0.0
+        finish[op] = start + op_s[op]
+    return float(finish.max()) if ir.num_ops else 0.0
 
 
 _LINE_SEARCH_STEPS = 40  # golden-section steps: the bracket shrinks to 4e-9 of its length

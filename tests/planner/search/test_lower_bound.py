@@ -10,8 +10,9 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.search.baechi import m_etf, m_sct, m_topo
 from tagplan.planner.search.baselines import BASELINES, baseline_strategy
-from tagplan.planner.search.lower_bound import lower_bound, spread_bound_s
+from tagplan.planner.search.lower_bound import lower_bound, model_parallel_bound_s, spread_bound_s
 from tagplan.planner.topology import load_cluster
 from tests.planner.graph.builders import dense_graph, graph_def
 
@@ -97,3 +98,23 @@ def test_no_baseline_beats_the_bound(model: str) -> None:
     for name in BASELINES:
         strategy = baseline_strategy(name, ir, evaluator.cluster, evaluator.costs)
         assert evaluator.evaluate(strategy).step_time_s >= bound
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "bert_small"])
+@pytest.mark.parametrize("cluster_name", ["testbed", "two GPU types"])
+def test_no_baechi_placement_beats_model_parallelisms_bound(model: str, cluster_name: str) -> None:
+    source = load_graph_source(f"zoo:{model}")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    cluster = load_cluster("testbed") if cluster_name == "testbed" else two_gpus("V100-32GB", "T4")
+    evaluator = Evaluator(ir, cluster)
+    costs = evaluator.costs
+    bound = model_parallel_bound_s(ir, cluster, costs)
+    # no op split: at least the critical path of split ops, at most every op in turn on
+    # the fastest type
+    fastest = np.min(
+        [costs.op_times(t, ir.batch_size).seconds for t in set(cluster.device_type.tolist())],
+        axis=0,
+    )
+    assert lower_bound(ir, cluster, costs).critical_path_s <= bound <= fastest.sum() * (1 + 1e-9)
+    for placer in (m_topo, m_etf, m_sct):
+        assert evaluator.evaluate(placer(ir, cluster, costs)).step_time_s >= bound
