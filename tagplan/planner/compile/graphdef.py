@@ -1,9 +1,10 @@
 """Strategy -> distributed TensorFlow ``GraphDef``: the second half of the rewrite rules
 (TAG §4.3.1) for the execution engine (docs/design.md §5).
 
-The rules are those of :mod:`.tasks`, over the same :class:`~.placement.Placement`, so the
-simulated and the executed graph agree instance for instance and auxiliary op for
-auxiliary op:
+The rules are the transport planner's (:mod:`.transport`), shared with the task graph
+(:mod:`.task_compiler`) over the same :class:`~.placement.Placement`, so the simulated and
+the executed graph agree instance for instance and auxiliary op for auxiliary op; here
+its decisions become nodes:
 
 * every op instance is a copy of the original ``NodeDef`` named ``<name>/replica_<k>``
   (the original name when the op has one instance), on
@@ -56,9 +57,9 @@ batch (the divisor of a mean loss) are not rewritten. Nodes are emitted as their
 deterministic serialization from templates serialized once per op (:mod:`.node_bytes`);
 the graph comes back as those bytes, ``graph_def`` parsing them when read.
 
-Why one module: the GraphDef back end applies the same rewrite rules as the task graph,
-over one emitter's state (node names, copies, collective keys); split, the state would
-travel through every call.
+Why one module: the GraphDef back end emits the transport planner's decisions over one
+emitter's state (node names, copies, collective keys); split, the state would travel
+through every call.
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
-from tagplan.planner.compile.covering import covering_pieces
 from tagplan.planner.compile.node_bytes import (
     NodeStore,
     NodeTemplate,
@@ -88,6 +88,7 @@ from tagplan.planner.compile.pipeline import (
 )
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.state import state_ops
+from tagplan.planner.compile.transport import FULL, LOCAL, MEAN, SLICE, SUM, TransportRules
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
@@ -107,7 +108,6 @@ __all__ = [
     "worker_device",
 ]
 
-_FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
 _SPLIT = int(Mode.SPLIT)
 _AGGREGATE_SUM, _AGGREGATE_MEAN, _AGGREGATE_LOCAL = (
     int(Aggregation.SUM),
@@ -392,7 +392,10 @@ def _set_shapes(node: Any, shapes: list[tuple[int, ...] | None]) -> None:
         node.attr["_output_shapes"].CopyFrom(shapes_attr(known))
 
 
-class _GraphDefCompilation:
+class _GraphDefCompilation(TransportRules[_Copy]):
+    """The rewrite rules applied to one strategy (the transport planner's,
+    :mod:`.transport`, emitted as nodes)."""
+
     def __init__(
         self,
         graph_def: Any,
@@ -406,6 +409,7 @@ class _GraphDefCompilation:
                 f"the graph was built for batch {ir.graph_batch_size}; compile it with the IR "
                 f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
             )
+        super().__init__(ir.num_tensors, ir.batch_size, cluster.device_machine.tolist())
         self.ir, self.cluster, self.resolved = ir, cluster, resolved
         self.variable_names = variable_names
         self.source = graph_def
@@ -440,11 +444,6 @@ class _GraphDefCompilation:
         self.shape_argument = [
             _SHAPE_ARGUMENTS.get(kind, _ROW_ARGUMENTS.get(kind, -1)) for kind in ir.op_types
         ]
-        self.copies: list[list[_Copy]] = [[] for _ in range(ir.num_tensors)]
-        self.cache: dict[tuple[int, int, int, int], _Copy] = {}
-        # per-replica values (_MEAN, _LOCAL) and partial sums by (tensor, device)
-        self.replica_values: dict[tuple[int, int], list[_Copy]] = {}
-        self.partials: dict[tuple[int, int, int, int], _Copy] = {}
         self.control_inputs: dict[int, list[str]] = {}  # op -> the ^inputs its instances get
         # per op, what every instance needs: input and output tensors, instance count
         self.op_inputs = ir.input_lists
@@ -477,49 +476,19 @@ class _GraphDefCompilation:
     def _dtype(self, tensor: int) -> int:
         return int(self.ir.tensor_dtype[tensor])
 
-    def _local(self, tensor: int, copy: _Copy, device: int) -> _Copy:
+    # the transport planner's hooks ---------------------------------------------------------
+    def _move(self, tensor: int, copy: _Copy, device: int, reader: int) -> _Copy:
         """``copy`` on ``device``: an edge into the device (TensorFlow sends it once)."""
-        if copy.device == device:
-            return copy
-        cached = self.cache.get((tensor, device, copy.lo, copy.hi))
-        if cached is not None and copy.kind in (_FULL, _SLICE):
-            return cached
         moved = copy._replace(device=device)
-        if copy.kind in (_FULL, _SLICE):
+        if copy.kind in (FULL, SLICE):
             self.cache[(tensor, device, copy.lo, copy.hi)] = moved
         return moved
 
-    def _closest(self, copies: list[_Copy], device: int) -> _Copy:
-        machine = self.cluster.device_machine
-        return min(
-            copies,
-            key=lambda c: (c.device != device, machine[c.device] != machine[device], c.device),
-        )
-
-    def _keep(self, tensor: int, copy: _Copy) -> _Copy:
-        self.copies[tensor].append(copy)
-        self.cache[(tensor, copy.device, copy.lo, copy.hi)] = copy
-        return copy
-
-    def _full(self, tensor: int, device: int, reader: int) -> _Copy:
-        """The whole tensor on ``device``: a copy, a ``ConcatV2`` or a reduction."""
-        batch = self.ir.batch_size
-        cached = self.cache.get((tensor, device, 0, batch))
-        if cached is not None:
-            return cached
-        copies = self.copies[tensor]
-        whole = [c for c in copies if c.kind == _FULL] or [c for c in copies if c.kind == _LOCAL]
-        if whole:
-            return self._local(tensor, self._closest(whole, device), device)
-        partial = [c for c in copies if c.kind in (_SUM, _MEAN)]
-        if partial:
-            return self._reduce(tensor, partial, device, reader)
-        pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
-        return self._concat(tensor, pieces, device, 0, batch)
-
-    def _concat(self, tensor: int, pieces: list[_Copy], device: int, lo: int, hi: int) -> _Copy:
+    def _concat(
+        self, tensor: int, pieces: list[_Copy], device: int, lo: int, hi: int, reader: int
+    ) -> _Copy:
         """A ``ConcatV2`` on ``device`` of adjacent ``pieces``: rows ``[lo, hi)``."""
-        local = [self._local(tensor, piece, device) for piece in pieces]
+        local = [self._local(tensor, piece, device, reader) for piece in pieces]
         where = self.devices[device]
         axis_value = np.array(int(self.ir.tensor_batch_axis[tensor]), dtype=np.int32)
         whole = hi - lo == self.ir.batch_size
@@ -537,11 +506,11 @@ class _GraphDefCompilation:
             Tidx=_DT_INT32,
         )
         self.auxiliary.append(("concat", (name,)))
-        return self._keep(tensor, _Copy(device, lo, hi, _FULL if whole else _SLICE, name))
+        return self._keep(tensor, _Copy(device, lo, hi, FULL if whole else SLICE, name))
 
     def _weighted(self, tensor: int, copy: _Copy, device: int) -> str:
         """A partial result ready to add: batch statistics scaled by the replica's share."""
-        if copy.kind != _MEAN:
+        if copy.kind != MEAN:
             return copy.ref
         where = self.devices[device]
         share = np.array((copy.hi - copy.lo) / self.ir.batch_size)
@@ -575,54 +544,37 @@ class _GraphDefCompilation:
         self.auxiliary.append(("addn", (name,)))
         return name
 
-    def _reduce(self, tensor: int, partial: list[_Copy], device: int, reader: int) -> _Copy:
-        """Sum partial results: one AllReduce when the readers are copies on the partials'
-        GPUs, otherwise an ``AddN`` on ``device``."""
-        members = np.unique([c.device for c in partial])
-        readers = np.unique(self.placement.devices(reader))
-        if len(members) > 1 and set(members.tolist()) <= set(readers.tolist()):
-            # readers on GPUs without a replica (more GPUs than examples) read a copy
-            self._allreduce(tensor, partial, members, reader)
-            return self._full(tensor, device, reader)
-        micro = self.micro_batched[int(self.ir.tensor_producer[tensor])]
-        if micro and all(piece.kind == _SUM for piece in partial):
-            partial = self._accumulated(tensor, partial)
-            if len(partial) == 1 and partial[0].device == device:  # summed where it is read
-                whole = partial[0]._replace(lo=0, hi=self.ir.batch_size, kind=_FULL)
-                return self._keep(tensor, whole)
+    def _sum(self, tensor: int, partial: list[_Copy], device: int, reader: int) -> _Copy:
+        """An ``AddN`` on ``device`` of the partial results (batch statistics weighted)."""
         refs = [self._weighted(tensor, piece, device) for piece in partial]
-        name = self._addn(tensor, refs, device)
-        return self._keep(tensor, _Copy(device, 0, self.ir.batch_size, _FULL, name))
+        return _Copy(device, 0, self.batch, FULL, self._addn(tensor, refs, device))
 
-    def _accumulated(self, tensor: int, partial: list[_Copy]) -> list[_Copy]:
-        """Micro-batches' partial sums added up on their GPU before they travel, as the
-        task graph adds them."""
-        batch = self.ir.batch_size
-        by_device: dict[int, list[_Copy]] = {}
-        for piece in partial:
-            by_device.setdefault(piece.device, []).append(piece)
-        return [
-            pieces[0]
-            if len(pieces) == 1
-            else _Copy(gpu, 0, batch, _SUM, self._addn(tensor, [p.ref for p in pieces], gpu))
-            for gpu, pieces in by_device.items()
-        ]
+    def _add(self, tensor: int, pieces: list[_Copy], device: int, reader: int, kind: int) -> _Copy:
+        return _Copy(
+            device, 0, self.batch, kind, self._addn(tensor, [p.ref for p in pieces], device)
+        )
+
+    def _reader_devices(self, reader: int) -> set[int]:
+        return set(self.placement.devices(reader).tolist())
+
+    def _micro_batched(self, tensor: int) -> bool:
+        return self.micro_batched[int(self.ir.tensor_producer[tensor])]
 
     def _allreduce(
-        self, tensor: int, partial: list[_Copy], members: np.ndarray, reader: int
+        self, tensor: int, partial: list[_Copy], members: tuple[int, ...], reader: int
     ) -> None:
         batch, dtype = self.ir.batch_size, self._dtype(tensor)
         inputs: list[str] = []
-        for member in members.tolist():
+        for member in members:
             local = [self._weighted(tensor, c, member) for c in partial if c.device == member]
             inputs.append(local[0] if len(local) == 1 else self._addn(tensor, local, member))
-        machines = np.unique(self.cluster.device_machine[members])
+        machines = np.unique(self.cluster.device_machine[list(members)])
         label = f"{self._label(tensor)}/allreduce"
         shape = self.ir.tensor_shapes[tensor]
         names: list[str] = []
         if len(machines) == 1:
             shared = self.out.name(label)
-            for member, ref in zip(members.tolist(), inputs, strict=True):
+            for member, ref in zip(members, inputs, strict=True):
                 name = self.out.name(f"{label}_d{member}")
                 self.out.node(
                     name,
@@ -637,10 +589,10 @@ class _GraphDefCompilation:
                 )
                 names.append(name)
         else:
-            key = tuple(members.tolist())
+            key = members
             group_key = self.group_keys.setdefault(key, len(self.group_keys) + 1)
             self.instance_keys += 1
-            for member, ref in zip(members.tolist(), inputs, strict=True):
+            for member, ref in zip(members, inputs, strict=True):
                 where = self.devices[member]
                 keys = [
                     self.out.const(f"{label}/{what}_d{member}", where, np.array(v), _DT_INT32)
@@ -672,36 +624,13 @@ class _GraphDefCompilation:
             nbytes = int(self.ir.tensor_bytes[tensor])
             group = int(self.resolved.op_group[reader])
             partials = [_node_of(r) for r in inputs]
-            key = tuple(members.tolist())
-            self.collectives.append(_GradientReduction(names, group, nbytes, key, partials))
-        for member, name in zip(members.tolist(), names, strict=True):
-            self._keep(tensor, _Copy(member, 0, batch, _FULL, name))
+            self.collectives.append(_GradientReduction(names, group, nbytes, members, partials))
+        for member, name in zip(members, names, strict=True):
+            self._keep(tensor, _Copy(member, 0, batch, FULL, name))
 
-    def _slice(self, tensor: int, device: int, lo: int, hi: int, reader: int) -> _Copy:
-        """Rows ``[lo, hi)`` of a batch tensor on ``device``: a ``Slice`` of a whole copy."""
-        cached = self.cache.get((tensor, device, lo, hi))
-        if cached is not None:
-            return cached
-        slices = [c for c in self.copies[tensor] if c.kind == _SLICE]
-        exact = [c for c in slices if (c.lo, c.hi) == (lo, hi)]
-        if exact:
-            return self._local(tensor, self._closest(exact, device), device)
-        whole_here = self.cache.get((tensor, device, 0, self.ir.batch_size))
-        covering = None
-        if whole_here is None and slices:
-            covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
-        if covering is not None:
-            if len(covering) > 1:
-                joined = self._concat(tensor, covering, device, covering[0].lo, covering[-1].hi)
-                if (joined.lo, joined.hi) == (lo, hi):
-                    return joined
-                covering = [joined]
-            return self._local(tensor, self._cut(tensor, covering[0], lo, hi), device)
-        source = device if whole_here is not None else self._hub(tensor)
-        whole = self._full(tensor, source, reader)
-        return self._local(tensor, self._cut(tensor, whole, lo, hi), device)
-
-    def _cut(self, tensor: int, source: _Copy, lo: int, hi: int) -> _Copy:
+    def _cut(
+        self, tensor: int, source: _Copy, lo: int, hi: int, reader: int, members: int
+    ) -> _Copy:
         """A ``Slice`` of rows ``[lo, hi)`` out of ``source`` (a whole copy or a piece
         holding them), where ``source`` is."""
         shape = self.ir.tensor_shapes[tensor]
@@ -732,17 +661,9 @@ class _GraphDefCompilation:
         self.auxiliary.append(("split", (name,)))
         self.slices[name] = (lo, hi, consts)
         self.out.watch(name)
-        piece = _Copy(device, lo, hi, _SLICE, name)
+        piece = _Copy(device, lo, hi, SLICE, name)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
-
-    def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
-        """Per-replica statistics and shapes are read where they are, by the same replica."""
-        local = self.replica_values.get((tensor, device))
-        if not local:
-            return None
-        exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
-        return (exact or local)[0]
 
     def _partial(self, tensor: int, device: int, lo: int, hi: int) -> _Copy:
         """The partial sum of the replica over rows ``[lo, hi)`` on ``device`` (a split op
@@ -780,10 +701,6 @@ class _GraphDefCompilation:
             waits = [f"^{barrier}"]
         self.control_inputs[op] = waits
         return waits
-
-    def _hub(self, tensor: int) -> int:
-        whole = [c for c in self.copies[tensor] if c.kind == _FULL]
-        return (whole or self.copies[tensor])[0].device
 
     def _static_ints(self, tensor: int, depth: int = 0) -> list[int] | None:
         """The value of a small integer tensor built from constants (a ``Const``, or the
@@ -868,25 +785,19 @@ class _GraphDefCompilation:
             carries = self.batch_axis[tensor] >= 0
             aggregation = self.aggregation[tensor]
             if not split:
-                kind, lo_t, hi_t = _FULL, 0, batch
+                kind, lo_t, hi_t = FULL, 0, batch
             elif aggregation == _AGGREGATE_SUM:
-                kind, lo_t, hi_t = _SUM, lo, hi
+                kind, lo_t, hi_t = SUM, lo, hi
             elif aggregation == _AGGREGATE_MEAN:
-                kind, lo_t, hi_t = _MEAN, lo, hi
+                kind, lo_t, hi_t = MEAN, lo, hi
             elif aggregation == _AGGREGATE_LOCAL:
-                kind, lo_t, hi_t = _LOCAL, lo, hi
+                kind, lo_t, hi_t = LOCAL, lo, hi
             elif carries:
-                kind, lo_t, hi_t = (_FULL if (lo, hi) == (0, batch) else _SLICE), lo, hi
+                kind, lo_t, hi_t = (FULL if (lo, hi) == (0, batch) else SLICE), lo, hi
             else:
-                kind, lo_t, hi_t = _FULL, 0, batch
-            copy = _Copy(device, lo_t, hi_t, kind, node if slot == 0 else f"{node}:{slot}")
-            self.copies[tensor].append(copy)
-            if kind in (_FULL, _SLICE):
-                self.cache.setdefault((tensor, device, lo_t, hi_t), copy)
-            elif kind == _SUM:
-                self.partials[(tensor, device, lo_t, hi_t)] = copy
-            else:
-                self.replica_values.setdefault((tensor, device), []).append(copy)
+                kind, lo_t, hi_t = FULL, 0, batch
+            ref = node if slot == 0 else f"{node}:{slot}"
+            self._record_copies(tensor, (_Copy(device, lo_t, hi_t, kind, ref),))
 
     def _instance(self, op: int, inst: int) -> None:
         ir = self.ir

@@ -2,7 +2,9 @@
 (TAG §4.3.1) with costs attached.
 
 Every op instance of the :class:`~.placement.Placement` becomes a compute task. Each
-tensor an instance reads is brought to it by the rules of TAG §4.3.1:
+tensor an instance reads is brought to it by the transport planner (:mod:`.transport`:
+the rules of TAG §4.3.1, shared with the GraphDef back end, :mod:`.graphdef`), its
+decisions emitted here as tasks:
 
 * same replica layout on both sides: the local slice, no auxiliary op;
 * a split op reads a whole tensor: a ``Split`` (here one slice per reader) where a copy
@@ -30,9 +32,9 @@ same rows (most of data parallelism) reads them as ranges, and any other rule fi
 turns the block into the copies it looks up. Op times are set for every instance at once
 when the graph is built.
 
-Why one module: the rewrite rules share the per-compile state (copies of every tensor, the
-transfer cache, the collectives awaiting their sync mode); split, each part would take
-that state as arguments in the innermost loop of the search.
+Why one module: the emitters share the per-compile state (the transport planner's copies
+and transfer cache, the published blocks, the collectives awaiting their sync mode);
+split, each part would take that state as arguments in the innermost loop of the search.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from typing import NamedTuple
 import numpy as np
 
 from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
-from tagplan.planner.compile.covering import covering_pieces
 from tagplan.planner.compile.links import (
     LinkLayout,
     Route,
@@ -67,6 +68,7 @@ from tagplan.planner.compile.symmetry import (
     symmetry_classes,
 )
 from tagplan.planner.compile.task_builder import TaskBuilder
+from tagplan.planner.compile.transport import FULL, LOCAL, MEAN, SLICE, SUM, TransportRules
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
@@ -78,9 +80,8 @@ from tagplan.planner.topology import Cluster
 
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
-_FULL, _SLICE, _SUM, _MEAN, _LOCAL = 0, 1, 2, 3, 4
 _REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler keeps
-_KIND_OF_AGGREGATION = {Aggregation.SUM: _SUM, Aggregation.MEAN: _MEAN, Aggregation.LOCAL: _LOCAL}
+_KIND_OF_AGGREGATION = {Aggregation.SUM: SUM, Aggregation.MEAN: MEAN, Aggregation.LOCAL: LOCAL}
 
 
 class _Copy(NamedTuple):
@@ -181,7 +182,7 @@ def _split_kinds(ir: GraphIR) -> list[int]:
     replica's own value) by its aggregation, else a slice when it carries the batch."""
     aggregations, axes = ir.tensor_aggregation.tolist(), ir.tensor_batch_axis.tolist()
     return [
-        _KIND_OF_AGGREGATION.get(aggregation, _SLICE if axis >= 0 else _FULL)
+        _KIND_OF_AGGREGATION.get(aggregation, SLICE if axis >= 0 else FULL)
         for aggregation, axis in zip(aggregations, axes, strict=True)
     ]
 
@@ -248,7 +249,7 @@ class TaskCompiler:
             (self.tensor_producer[t], op)
             for op, inputs in enumerate(self.op_inputs)
             for t in set(inputs)
-            if self.tensor_split_kind[t] == _SLICE
+            if self.tensor_split_kind[t] == SLICE
         ]
         pairs = np.array(sorted(set(slices)), dtype=np.int64).reshape(-1, 2)
         self.slice_producer, self.slice_reader = pairs[:, 0], pairs[:, 1]
@@ -326,19 +327,19 @@ class TaskCompiler:
             gpu, lo, hi = row
             share = members[gpu] if split else 1
             for tensor, its_keys, its_kinds in zip(tensors, keys, copy_kinds, strict=True):
-                split_kind = kinds[tensor] if split else _FULL
-                full_rows = split_kind == _FULL or (
-                    split_kind == _SLICE and (hi - lo) // share == batch
+                split_kind = kinds[tensor] if split else FULL
+                full_rows = split_kind == FULL or (
+                    split_kind == SLICE and (hi - lo) // share == batch
                 )
-                kind, lo_t, hi_t = (_FULL, 0, batch) if full_rows else (split_kind, lo, hi)
+                kind, lo_t, hi_t = (FULL, 0, batch) if full_rows else (split_kind, lo, hi)
                 device.append(gpu)
                 nbytes.append(self.rows_bytes(tensor, lo_t, hi_t, share, memory=True))
                 instance.append(i)
                 its_keys.append(row if lo_t == lo and hi_t == hi else (gpu, lo_t, hi_t))
                 its_kinds.append(kind)
         distinct = [len(set(k)) == len(k) for k in keys]
-        whole = [set(ks) <= {_FULL, _SLICE} for ks in copy_kinds]
-        summed = [set(ks) == {_SUM} for ks in copy_kinds]
+        whole = [set(ks) <= {FULL, SLICE} for ks in copy_kinds]
+        summed = [set(ks) == {SUM} for ks in copy_kinds]
         # tuples of numbers only: the garbage collector stops tracking them
         found = _Outputs(
             tuple(device),
@@ -394,9 +395,9 @@ class TaskCompiler:
         return found
 
 
-class _TaskGraphCompilation:
-    """The rewrite rules applied to one strategy; ``fixed`` holds what the strategy does
-    not change."""
+class _TaskGraphCompilation(TransportRules[_Copy]):
+    """The rewrite rules applied to one strategy (the transport planner's, :mod:`.transport`,
+    emitted as tasks); ``fixed`` holds what the strategy does not change."""
 
     def __init__(
         self,
@@ -405,8 +406,8 @@ class _TaskGraphCompilation:
         placement: Placement,
         symmetry: Symmetry | None = None,
     ) -> None:
+        super().__init__(fixed.ir.num_tensors, fixed.ir.batch_size, fixed.device_machine)
         self.fixed, self.resolved = fixed, resolved
-        self.batch = fixed.ir.batch_size
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
         self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
@@ -423,11 +424,6 @@ class _TaskGraphCompilation:
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
         self.instance_task = [0] * placement.num_instances
         self.out = TaskBuilder(fixed.cluster.num_devices)
-        self.copies: list[list[_Copy]] = [[] for _ in range(fixed.ir.num_tensors)]
-        self.cache: dict[tuple[int, int, int, int], _Copy] = {}  # (tensor, device, lo, hi)
-        self.partials: dict[tuple[int, int, int, int], _Copy] = {}  # partial sums, same key
-        # per-replica values (batch statistics, shapes) by tensor, then device
-        self.replica_values: dict[int, dict[int, list[_Copy]]] = {}
         self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
         self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
         self.routes: dict[tuple[int, ...], Route] = {}  # by ring
@@ -443,7 +439,7 @@ class _TaskGraphCompilation:
 
     def _piece_members(self, copy: _Copy) -> int:
         """How many GPUs share the rows of ``copy`` (1 for a whole tensor)."""
-        return 1 if copy.kind == _FULL else self.members[copy.device]
+        return 1 if copy.kind == FULL else self.members[copy.device]
 
     def _flows(self, copy: _Copy, dst: int) -> tuple[int, int]:
         """Flows per sending and per receiving GPU when the classes of ``copy`` and
@@ -451,7 +447,7 @@ class _TaskGraphCompilation:
         each member's piece to one GPU; or member to member between classes with the same
         rows. Anything else singles out a member."""
         senders, receivers = self.members[copy.device], self.members[dst]
-        if copy.kind == _FULL:
+        if copy.kind == FULL:
             if senders > 1:
                 raise Asymmetric("a whole copy fetched from one member of a class")
             return receivers, 1
@@ -490,49 +486,21 @@ class _TaskGraphCompilation:
         memory = self._bytes(tensor, copy.lo, copy.hi, memory=True, members=members)
         buffer = self.out.buffer(dst, memory * per_receiver, task)
         moved = _Copy(dst, copy.lo, copy.hi, copy.kind, task, buffer, per_receiver)
-        if copy.kind in (_FULL, _SLICE) and per_receiver == 1:
+        if copy.kind in (FULL, SLICE) and per_receiver == 1:
             self.cache[(tensor, dst, copy.lo, copy.hi)] = moved
         return moved
 
-    def _local(self, tensor: int, copy: _Copy, device: int, group: int) -> _Copy:
-        """``copy`` on ``device``: itself, a cached copy there, or a new transfer."""
-        if copy.device == device:
-            return copy
-        cached = self.cache.get((tensor, device, copy.lo, copy.hi))
-        if cached is not None and copy.kind in (_FULL, _SLICE):
-            return cached
-        return self._transfer(tensor, copy, device, group)
-
-    def _closest(self, copies: list[_Copy], device: int) -> _Copy:
-        machine = self.fixed.device_machine
-        return min(
-            copies,
-            key=lambda c: (c.device != device, machine[c.device] != machine[device], c.device),
-        )
-
-    def _full(self, tensor: int, device: int, group: int, reader: int) -> _Copy:
-        """The whole tensor on ``device`` (TAG §4.3.1's Concat / AddN / transfer)."""
-        batch = self.batch
-        cached = self.cache.get((tensor, device, 0, batch))
-        if cached is not None:
-            return cached
-        copies = self.copies[tensor]
-        whole = [c for c in copies if c.kind == _FULL] or [c for c in copies if c.kind == _LOCAL]
-        if whole:
-            return self._local(tensor, self._closest(whole, device), device, group)
-        partial = [c for c in copies if c.kind in (_SUM, _MEAN)]
-        if partial:
-            return self._reduce(tensor, partial, device, group, reader)
-        if self.members[device] > 1:  # its first member would gather, the rest copy
-            raise Asymmetric("a class gathers a split tensor")
-        pieces = sorted((c for c in copies if c.kind == _SLICE), key=lambda c: c.lo)
-        return self._concat(tensor, pieces, device, group, 0, batch)
+    # the transport planner's hooks ---------------------------------------------------------
+    def _move(self, tensor: int, copy: _Copy, device: int, reader: int) -> _Copy:
+        """A transfer of ``copy`` to ``device``."""
+        return self._transfer(tensor, copy, device, self.op_group[reader])
 
     def _concat(
-        self, tensor: int, pieces: list[_Copy], device: int, group: int, lo: int, hi: int
+        self, tensor: int, pieces: list[_Copy], device: int, lo: int, hi: int, reader: int
     ) -> _Copy:
         """A ``Concat`` on ``device`` of adjacent ``pieces`` (sent there), rows ``[lo, hi)``."""
-        local = [self._local(tensor, piece, device, group) for piece in pieces]
+        local = [self._local(tensor, piece, device, reader) for piece in pieces]
+        group = self.op_group[reader]
         nbytes = self._bytes(tensor, lo, hi)
         rows = "" if hi - lo == self.batch else f"[{lo}:{hi}]"
         task = self.out.task(
@@ -545,58 +513,19 @@ class _TaskGraphCompilation:
         for piece in local:
             self.out.read(piece, task)
         buffer = self.out.buffer(device, self._bytes(tensor, lo, hi, memory=True), task)
-        kind = _FULL if hi - lo == self.batch else _SLICE
+        kind = FULL if hi - lo == self.batch else SLICE
         return self._keep(tensor, _Copy(device, lo, hi, kind, task, buffer))
 
-    def _keep(self, tensor: int, copy: _Copy) -> _Copy:
-        """Record a new whole copy so later readers can fetch it instead of rebuilding it."""
-        self.copies[tensor].append(copy)
-        self.cache[(tensor, copy.device, copy.lo, copy.hi)] = copy
-        return copy
-
-    def _reduce(
-        self, tensor: int, partial: list[_Copy], device: int, group: int, reader: int
-    ) -> _Copy:
-        """Sum (or average) partial results: one AllReduce when the readers are copies on
-        the partials' GPUs (mirrored parameter updates), otherwise push to ``device`` and
-        AddN there."""
-        members = tuple(sorted({c.device for c in partial}))
-        readers = set(self.placement.devices(reader).tolist())
-        if len(members) > 1 and readers.issuperset(members):
-            # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
-            self._allreduce(tensor, partial, members, group, reader)
-            return self._full(tensor, device, group, reader)
-        if self.members[device] > 1:
-            raise Asymmetric("a class adds up partial sums")
-        micro = self.micro_batched[self.fixed.tensor_producer[tensor]]
-        if micro and all(piece.kind == _SUM for piece in partial):
-            partial = self._accumulated(tensor, partial, group)
-            if len(partial) == 1 and partial[0].device == device:  # summed where it is read
-                whole = partial[0]._replace(lo=0, hi=self.batch, kind=_FULL)
-                return self._keep(tensor, whole)
-        local = [self._transfer_partial(tensor, piece, device, group) for piece in partial]
-        return self._keep(tensor, self._add(tensor, local, device, group, _FULL))
-
-    def _accumulated(self, tensor: int, partial: list[_Copy], group: int) -> list[_Copy]:
-        """Micro-batches' partial sums added up on their GPU before they travel: one
-        piece per GPU."""
-        by_device: dict[int, list[_Copy]] = {}
-        for piece in partial:
-            by_device.setdefault(piece.device, []).append(piece)
-        return [
-            pieces[0] if len(pieces) == 1 else self._add(tensor, pieces, gpu, group, _SUM)
-            for gpu, pieces in by_device.items()
-        ]
-
-    def _add(self, tensor: int, pieces: list[_Copy], device: int, group: int, kind: int) -> _Copy:
+    def _add(self, tensor: int, pieces: list[_Copy], device: int, reader: int, kind: int) -> _Copy:
         """An ``AddN`` on ``device`` of pieces already there; micro-batches' partials as a
         running sum in micro-batch order, one two-input ``AddN`` each (gradient
         accumulation: each partial is freed once added)."""
-        if len(pieces) > 2 and self.micro_batched[self.fixed.tensor_producer[tensor]]:
-            running = self._add(tensor, pieces[:2], device, group, _SUM)
+        if len(pieces) > 2 and self._micro_batched(tensor):
+            running = self._add(tensor, pieces[:2], device, reader, SUM)
             for piece in pieces[2:-1]:
-                running = self._add(tensor, [running, piece], device, group, _SUM)
-            return self._add(tensor, [running, pieces[-1]], device, group, kind)
+                running = self._add(tensor, [running, piece], device, reader, SUM)
+            return self._add(tensor, [running, pieces[-1]], device, reader, kind)
+        group = self.op_group[reader]
         batch = self.batch
         count = sum(piece.count for piece in pieces)
         task = self.out.task(
@@ -611,18 +540,39 @@ class _TaskGraphCompilation:
         buffer = self.out.buffer(device, self._bytes(tensor, 0, batch, memory=True), task)
         return _Copy(device, 0, batch, kind, task, buffer)
 
-    def _transfer_partial(self, tensor: int, piece: _Copy, device: int, group: int) -> _Copy:
-        return piece if piece.device == device else self._transfer(tensor, piece, device, group)
+    def _sum(self, tensor: int, partial: list[_Copy], device: int, reader: int) -> _Copy:
+        """The partial results sent to ``device`` and added up there."""
+        group = self.op_group[reader]
+        local = [
+            piece if piece.device == device else self._transfer(tensor, piece, device, group)
+            for piece in partial
+        ]
+        return self._add(tensor, local, device, reader, FULL)
+
+    def _reader_devices(self, reader: int) -> set[int]:
+        return set(self.placement.devices(reader).tolist())
+
+    def _micro_batched(self, tensor: int) -> bool:
+        return self.micro_batched[self.fixed.tensor_producer[tensor]]
+
+    def _single(self, device: int, rule: str) -> None:
+        """Compiled by class, a rule that would single out one member of ``device``'s
+        class falls back to the per-GPU compile (:class:`~.symmetry.Asymmetric`)."""
+        if self.members[device] > 1:
+            raise Asymmetric(rule)
+
+    def _check_covering(self) -> None:
+        if self.symmetry is not None:
+            raise Asymmetric("a reader gathers or cuts pieces of another layout")
+
+    def _class_size(self, device: int) -> int:
+        return self.members[device]
 
     def _allreduce(
-        self,
-        tensor: int,
-        partial: list[_Copy],
-        members: tuple[int, ...],
-        group: int,
-        reader: int,
+        self, tensor: int, partial: list[_Copy], members: tuple[int, ...], reader: int
     ) -> None:
         fixed, batch = self.fixed, self.batch
+        group = self.op_group[reader]
         nbytes = self._bytes(tensor, 0, batch)
         reader_group = self.op_group[reader]
         algorithm = self.resolved.group_collective[reader_group]
@@ -632,7 +582,7 @@ class _TaskGraphCompilation:
         for member in members:
             local = [c for c in partial if c.device == member]
             inputs.append(
-                local[0] if len(local) == 1 else self._add(tensor, local, member, group, _SUM)
+                local[0] if len(local) == 1 else self._add(tensor, local, member, reader, SUM)
             )
         ring = self._ring_members(members)
         seconds = fixed.allreduce_seconds(ring, nbytes, name)
@@ -655,7 +605,7 @@ class _TaskGraphCompilation:
             self.collectives.append(_Collective(task, reader_group, nbytes, ring, name, waits))
         for member in members:
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
-            self._keep(tensor, _Copy(member, 0, batch, _FULL, task, buffer))
+            self._keep(tensor, _Copy(member, 0, batch, FULL, task, buffer))
 
     def _ring_members(self, members: tuple[int, ...]) -> tuple[int, ...]:
         """The GPUs of a ring over ``members`` (representatives stand for their class)."""
@@ -687,43 +637,12 @@ class _TaskGraphCompilation:
             links.setdefault(link, share)
         return Route(list(links), list(links.values()), route.rate_bytes_per_s)
 
-    def _slice(self, tensor: int, device: int, lo: int, hi: int, group: int, reader: int) -> _Copy:
-        """Rows ``[lo, hi)`` of a batch tensor on ``device`` (Split, transfers)."""
-        cached = self.cache.get((tensor, device, lo, hi))
-        if cached is not None:
-            return cached
-        slices = [c for c in self.copies[tensor] if c.kind == _SLICE]
-        exact = [c for c in slices if (c.lo, c.hi) == (lo, hi)]
-        if exact:
-            return self._local(tensor, self._closest(exact, device), device, group)
-        whole_here = self.cache.get((tensor, device, 0, self.batch))
-        covering = None
-        if whole_here is None and slices:
-            covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
-        if covering is not None:
-            if self.symmetry is not None:
-                raise Asymmetric("a reader gathers or cuts pieces of another layout")
-            if len(covering) > 1:
-                joined = self._concat(
-                    tensor, covering, device, group, covering[0].lo, covering[-1].hi
-                )
-                if (joined.lo, joined.hi) == (lo, hi):
-                    return joined
-                covering = [joined]
-            return self._local(tensor, self._cut(tensor, covering[0], lo, hi, group), device, group)
-        source = device if whole_here is not None else self._hub(tensor)
-        if source != device and self.members[device] > 1:  # one Split per member, in turn
-            raise Asymmetric("a hub splits a tensor for the members of a class")
-        whole = self._full(tensor, source, group, reader)
-        piece = self._cut(tensor, whole, lo, hi, group, members=self.members[device])
-        return self._local(tensor, piece, device, group)
-
     def _cut(
-        self, tensor: int, source: _Copy, lo: int, hi: int, group: int, *, members: int = 1
+        self, tensor: int, source: _Copy, lo: int, hi: int, reader: int, members: int
     ) -> _Copy:
         """A ``Split`` of rows ``[lo, hi)`` out of ``source`` (a whole copy or a piece
         holding them), where ``source`` is."""
-        device = source.device
+        device, group = source.device, self.op_group[reader]
         nbytes = self._bytes(tensor, lo, hi, members=members)
         task = self.out.task(
             COMPUTE,
@@ -736,28 +655,9 @@ class _TaskGraphCompilation:
         self.out.read(source, task)
         memory = self._bytes(tensor, lo, hi, memory=True, members=members)
         buffer = self.out.buffer(device, memory, task)
-        piece = _Copy(device, lo, hi, _SLICE, task, buffer)
+        piece = _Copy(device, lo, hi, SLICE, task, buffer)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
-
-    def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> _Copy | None:
-        """Per-replica batch statistics are used where they are, as in every data-parallel
-        framework: by the same replica (its batch-norm gradient), or by whatever runs on
-        that GPU (the update of its mirror of the running averages)."""
-        by_device = self.replica_values.get(tensor)
-        local = by_device.get(device) if by_device else None
-        if not local:
-            return None
-        exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
-        return (exact or local)[0]
-
-    def _hub(self, tensor: int) -> int:
-        """Where a whole copy is made before splitting: the first producing GPU."""
-        whole = [c for c in self.copies[tensor] if c.kind == _FULL]
-        hub = (whole or self.copies[tensor])[0].device
-        if self.members[hub] > 1:
-            raise Asymmetric("the hub is a member of a class")
-        return hub
 
     def _schedule_collectives(self) -> None:
         """Apply each group's gradient-sync mode to its AllReduces (see GradientSync):
@@ -842,7 +742,7 @@ class _TaskGraphCompilation:
         ready: list[_Ready | None] = []
         for tensor in self.fixed.op_inputs[op]:
             by_rows = split and carries[tensor]
-            partial = not by_rows and self.op_adds_partials[op] and kinds[tensor] == _SUM
+            partial = not by_rows and self.op_adds_partials[op] and kinds[tensor] == SUM
             block = pending.get(tensor)
             if block is not None:
                 if by_rows or partial:
@@ -870,20 +770,18 @@ class _TaskGraphCompilation:
     def _inputs(self, op: int, inst: int, task: int, ready: list[_Ready | None]) -> None:
         """Bring the inputs of one instance of ``op`` that :meth:`_ready_inputs` found
         no copy of to it (TAG §4.3.1)."""
-        group, split, carries = self.op_group[op], self.op_split[op], self.fixed.tensor_carries
+        split, carries = self.op_split[op], self.fixed.tensor_carries
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         kinds = self.fixed.tensor_split_kind
         for tensor, found in zip(self.fixed.op_inputs[op], ready, strict=True):
             if found is not None:
                 continue
             if split and carries[tensor]:
-                copy = self._slice(tensor, device, lo, hi, group, op)
-            elif self.op_adds_partials[op] and kinds[tensor] == _SUM:  # placed where they are
+                copy = self._slice(tensor, device, lo, hi, op)
+            elif self.op_adds_partials[op] and kinds[tensor] == SUM:  # placed where they are
                 copy = self.partials[(tensor, device, lo, hi)]
             else:
-                copy = self._same_replica(tensor, device, lo, hi) or self._full(
-                    tensor, device, group, op
-                )
+                copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
             self.out.read(copy, task)
 
     def _read_ready(self, ready: list[_Ready | None], tasks: list[int]) -> None:
@@ -947,17 +845,15 @@ class _TaskGraphCompilation:
         """Copies of ``tensor``: instance ``i``'s holds rows ``keys[i]`` of kind
         ``kinds[i]``, made by ``tasks[i]`` into buffer ``buffer + i * stride``; recorded
         where the rules look them up."""
-        cache, copies = self.cache, self.copies[tensor]
-        for task, (device, lo, hi), kind in zip(tasks, keys, kinds, strict=True):
-            copy = _Copy(device, lo, hi, kind, task, buffer)
-            buffer += stride
-            copies.append(copy)
-            if kind in (_FULL, _SLICE):
-                cache.setdefault((tensor, device, lo, hi), copy)
-            elif kind == _SUM:
-                self.partials[(tensor, device, lo, hi)] = copy
-            else:  # per-replica values (_MEAN, _LOCAL)
-                self.replica_values.setdefault(tensor, {}).setdefault(device, []).append(copy)
+        self._record_copies(
+            tensor,
+            [
+                _Copy(device, lo, hi, kind, task, buffer + i * stride)
+                for i, (task, (device, lo, hi), kind) in enumerate(
+                    zip(tasks, keys, kinds, strict=True)
+                )
+            ],
+        )
 
     def _op(self, op: int) -> None:
         """Every instance of ``op``, in order, with the tasks that bring it its inputs

@@ -1,0 +1,259 @@
+"""The transport planner: how each op instance gets the tensors it reads (TAG §4.3.1),
+decided once for both back ends.
+
+The task graph (:mod:`.task_compiler`) and the distributed GraphDef (:mod:`.graphdef`)
+apply these rules over the same :class:`~.placement.Placement`, so the simulated and the
+executed graph agree instance for instance and auxiliary op for auxiliary op. Each back
+end subclasses :class:`TransportRules` and emits what a rule decides through its hooks:
+a copy moved to a GPU is a transfer task there and a plain edge here (TensorFlow's
+partitioner sends it), a join is a ``Concat`` task or a ``ConcatV2`` node, and so on.
+What a back end keeps of a copy (a task and its buffer, a node's output) is its own; the
+rules look only at where a copy is, its rows and its kind.
+
+The rules, for a reader on ``device``:
+
+* **whole tensor** (:meth:`TransportRules._full`): a whole copy already there; else the
+  closest whole copy (same GPU, then same machine, then the lowest GPU id) moved there;
+  else the partial results summed (:meth:`~TransportRules._reduce`); else the slices
+  joined there;
+* **rows of a batch tensor** (:meth:`~TransportRules._slice`): those rows already there or
+  a piece holding exactly them, moved; else the adjacent pieces that cover them, joined and
+  cut; else a whole copy (where the reader is, or on the hub: the first GPU holding a whole
+  copy, else the first producer) cut and moved;
+* **partial results** (:meth:`~TransportRules._reduce`): one AllReduce when every GPU
+  holding a partial reads the sum (mirrored parameter updates); otherwise, micro-batches'
+  partial sums added up on their GPU first (gradient accumulation), then one sum where
+  it is read.
+
+Every new whole copy and slice is remembered (``cache``) so later readers fetch it
+instead of rebuilding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from tagplan.planner.compile.covering import covering_pieces
+
+__all__ = ["FULL", "LOCAL", "MEAN", "SLICE", "SUM", "TransportRules"]
+
+# kinds of copies: a whole tensor, rows of it, a partial sum, a per-replica mean (batch
+# statistics), a per-replica value read where it is
+FULL, SLICE, SUM, MEAN, LOCAL = 0, 1, 2, 3, 4
+
+
+class Copy(Protocol):
+    """What the rules look at in a back end's copy (a ``NamedTuple`` of each back end)."""
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def lo(self) -> int: ...
+
+    @property
+    def hi(self) -> int: ...
+
+    @property
+    def kind(self) -> int: ...
+
+    def _replace(self, **changes: int): ...
+
+
+C = TypeVar("C", bound=Copy)
+
+
+class TransportRules(Generic[C]):
+    """The rules of the module docstring over one back end's copies; a back end emits
+    through the hooks (the methods that raise :class:`NotImplementedError` here) and may
+    refuse a rule (:meth:`_single`, :meth:`_check_covering`)."""
+
+    def __init__(self, num_tensors: int, batch: int, device_machine: Sequence[int]) -> None:
+        self.batch = batch
+        self.device_machine = device_machine
+        self.copies: list[list[C]] = [[] for _ in range(num_tensors)]
+        self.cache: dict[tuple[int, int, int, int], C] = {}  # (tensor, device, lo, hi)
+        self.partials: dict[tuple[int, int, int, int], C] = {}  # partial sums, same key
+        # per-replica values (batch statistics, shapes) by tensor, then device
+        self.replica_values: dict[int, dict[int, list[C]]] = {}
+
+    # hooks -------------------------------------------------------------------------------
+    def _move(self, tensor: int, copy: C, device: int, reader: int) -> C:
+        """``copy`` sent to ``device``, where no such copy is yet."""
+        raise NotImplementedError
+
+    def _concat(
+        self, tensor: int, pieces: list[C], device: int, lo: int, hi: int, reader: int
+    ) -> C:
+        """Adjacent ``pieces`` joined on ``device`` into rows ``[lo, hi)``, kept."""
+        raise NotImplementedError
+
+    def _cut(self, tensor: int, source: C, lo: int, hi: int, reader: int, members: int) -> C:
+        """Rows ``[lo, hi)`` cut out of ``source`` where it is, for ``members`` GPUs of
+        one class (1 outside classes), cached there."""
+        raise NotImplementedError
+
+    def _allreduce(
+        self, tensor: int, partial: list[C], members: tuple[int, ...], reader: int
+    ) -> None:
+        """One AllReduce of ``partial`` over ``members``, a whole copy kept on each."""
+        raise NotImplementedError
+
+    def _add(self, tensor: int, pieces: list[C], device: int, reader: int, kind: int) -> C:
+        """``pieces`` (on ``device``) added up there into a copy of ``kind``."""
+        raise NotImplementedError
+
+    def _sum(self, tensor: int, partial: list[C], device: int, reader: int) -> C:
+        """The whole tensor on ``device`` from partial results anywhere (not kept)."""
+        raise NotImplementedError
+
+    def _reader_devices(self, reader: int) -> set[int]:
+        """The GPUs ``reader`` has instances on."""
+        raise NotImplementedError
+
+    def _micro_batched(self, tensor: int) -> bool:
+        """Whether ``tensor``'s producer runs per micro-batch."""
+        raise NotImplementedError
+
+    def _single(self, device: int, rule: str) -> None:
+        """A back end that compiles a class of GPUs once refuses ``rule`` on a GPU that
+        stands for several (nothing here)."""
+
+    def _check_covering(self) -> None:
+        """A back end may refuse to join or cut pieces of another layout (nothing here)."""
+
+    def _class_size(self, device: int) -> int:
+        """The GPUs ``device`` stands for (1: every GPU on its own)."""
+        return 1
+
+    # rules -------------------------------------------------------------------------------
+    def _local(self, tensor: int, copy: C, device: int, reader: int) -> C:
+        """``copy`` on ``device``: itself, a copy of its rows already there, or moved
+        there (a tensor crosses to a GPU once)."""
+        if copy.device == device:
+            return copy
+        cached = self.cache.get((tensor, device, copy.lo, copy.hi))
+        if cached is not None and copy.kind in (FULL, SLICE):
+            return cached
+        return self._move(tensor, copy, device, reader)
+
+    def _closest(self, copies: list[C], device: int) -> C:
+        machine = self.device_machine
+        return min(
+            copies,
+            key=lambda c: (c.device != device, machine[c.device] != machine[device], c.device),
+        )
+
+    def _keep(self, tensor: int, copy: C) -> C:
+        """Record a new whole copy so later readers can fetch it instead of rebuilding it."""
+        self.copies[tensor].append(copy)
+        self.cache[(tensor, copy.device, copy.lo, copy.hi)] = copy
+        return copy
+
+    def _full(self, tensor: int, device: int, reader: int) -> C:
+        """The whole tensor on ``device``."""
+        cached = self.cache.get((tensor, device, 0, self.batch))
+        if cached is not None:
+            return cached
+        copies = self.copies[tensor]
+        whole = [c for c in copies if c.kind == FULL] or [c for c in copies if c.kind == LOCAL]
+        if whole:
+            return self._local(tensor, self._closest(whole, device), device, reader)
+        partial = [c for c in copies if c.kind in (SUM, MEAN)]
+        if partial:
+            return self._reduce(tensor, partial, device, reader)
+        self._single(device, "a class gathers a split tensor")  # its first member would
+        pieces = sorted((c for c in copies if c.kind == SLICE), key=lambda c: c.lo)
+        return self._concat(tensor, pieces, device, 0, self.batch, reader)
+
+    def _reduce(self, tensor: int, partial: list[C], device: int, reader: int) -> C:
+        """Sum (or average) partial results: one AllReduce when the readers are copies on
+        the partials' GPUs (mirrored parameter updates), otherwise one sum on ``device``."""
+        members = tuple(sorted({c.device for c in partial}))
+        if len(members) > 1 and self._reader_devices(reader).issuperset(members):
+            # readers on GPUs without a replica (more GPUs than examples) then fetch a copy
+            self._allreduce(tensor, partial, members, reader)
+            return self._full(tensor, device, reader)
+        self._single(device, "a class adds up partial sums")
+        if self._micro_batched(tensor) and all(piece.kind == SUM for piece in partial):
+            partial = self._accumulated(tensor, partial, reader)
+            if len(partial) == 1 and partial[0].device == device:  # summed where it is read
+                return self._keep(tensor, partial[0]._replace(lo=0, hi=self.batch, kind=FULL))
+        return self._keep(tensor, self._sum(tensor, partial, device, reader))
+
+    def _accumulated(self, tensor: int, partial: list[C], reader: int) -> list[C]:
+        """Micro-batches' partial sums added up on their GPU before they travel: one
+        piece per GPU."""
+        by_device: dict[int, list[C]] = {}
+        for piece in partial:
+            by_device.setdefault(piece.device, []).append(piece)
+        return [
+            pieces[0] if len(pieces) == 1 else self._add(tensor, pieces, gpu, reader, SUM)
+            for gpu, pieces in by_device.items()
+        ]
+
+    def _slice(self, tensor: int, device: int, lo: int, hi: int, reader: int) -> C:
+        """Rows ``[lo, hi)`` of a batch tensor on ``device``."""
+        cached = self.cache.get((tensor, device, lo, hi))
+        if cached is not None:
+            return cached
+        slices = [c for c in self.copies[tensor] if c.kind == SLICE]
+        exact = [c for c in slices if (c.lo, c.hi) == (lo, hi)]
+        if exact:
+            return self._local(tensor, self._closest(exact, device), device, reader)
+        whole_here = self.cache.get((tensor, device, 0, self.batch))
+        covering = None
+        if whole_here is None and slices:
+            covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
+        if covering is not None:
+            self._check_covering()
+            if len(covering) > 1:
+                first, last = covering[0].lo, covering[-1].hi
+                joined = self._concat(tensor, covering, device, first, last, reader)
+                if (joined.lo, joined.hi) == (lo, hi):
+                    return joined
+                covering = [joined]
+            piece = self._cut(tensor, covering[0], lo, hi, reader, 1)
+            return self._local(tensor, piece, device, reader)
+        source = device if whole_here is not None else self._hub(tensor)
+        if source != device:  # one cut per member, in turn
+            self._single(device, "a hub splits a tensor for the members of a class")
+        whole = self._full(tensor, source, reader)
+        piece = self._cut(tensor, whole, lo, hi, reader, self._class_size(device))
+        return self._local(tensor, piece, device, reader)
+
+    def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> C | None:
+        """Per-replica batch statistics and shapes are used where they are, as in every
+        data-parallel framework: by the same replica (its batch-norm gradient), or by
+        whatever runs on that GPU (the update of its mirror of the running averages)."""
+        by_device = self.replica_values.get(tensor)
+        local = by_device.get(device) if by_device else None
+        if not local:
+            return None
+        exact = [c for c in local if (c.lo, c.hi) == (lo, hi)]
+        return (exact or local)[0]
+
+    def _hub(self, tensor: int) -> int:
+        """Where a whole copy is made before splitting: the first GPU holding a whole
+        copy, else the first producing GPU."""
+        whole = [c for c in self.copies[tensor] if c.kind == FULL]
+        hub = (whole or self.copies[tensor])[0].device
+        self._single(hub, "the hub is a member of a class")
+        return hub
+
+    def _record_copies(self, tensor: int, produced: Iterable[C]) -> None:
+        """Copies of ``tensor`` that instances produced, where the rules look them up:
+        whole copies and slices by their rows (the first of a key wins), partial sums by
+        their rows, per-replica values by GPU."""
+        copies, cache, partials = self.copies[tensor], self.cache, self.partials
+        for copy in produced:
+            copies.append(copy)
+            kind = copy.kind
+            if kind in (FULL, SLICE):
+                cache.setdefault((tensor, copy.device, copy.lo, copy.hi), copy)
+            elif kind == SUM:
+                partials[(tensor, copy.device, copy.lo, copy.hi)] = copy
+            else:  # per-replica values (MEAN, LOCAL)
+                by_device = self.replica_values.setdefault(tensor, {})
+                by_device.setdefault(copy.device, []).append(copy)
