@@ -72,7 +72,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
+from tagplan.planner.compile.buckets import Bucket
 from tagplan.planner.compile.node_bytes import (
     NodeStore,
     NodeTemplate,
@@ -88,14 +88,21 @@ from tagplan.planner.compile.pipeline import (
 )
 from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.state import state_ops
-from tagplan.planner.compile.transport import FULL, LOCAL, MEAN, SLICE, SUM, TransportRules
+from tagplan.planner.compile.transport import (
+    FULL,
+    MEAN,
+    SLICE,
+    TransportRules,
+    published_rows,
+    split_kinds,
+)
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.params import SCATTER_OPS, VARIABLE_OPS, WRITE_OPS
 from tagplan.planner.graph.protos import DT_RESOURCE, GraphDef, NodeDef, dtype_name
-from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
+from tagplan.planner.strategy import Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
 __all__ = [
@@ -109,11 +116,7 @@ __all__ = [
 ]
 
 _SPLIT = int(Mode.SPLIT)
-_AGGREGATE_SUM, _AGGREGATE_MEAN, _AGGREGATE_LOCAL = (
-    int(Aggregation.SUM),
-    int(Aggregation.MEAN),
-    int(Aggregation.LOCAL),
-)
+_AGGREGATE_SUM = int(Aggregation.SUM)
 _DT_INT32, _DT_INT64 = 3, 9
 _NUMPY = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
 AUXILIARY_KINDS = ("split", "concat", "addn", "allreduce")
@@ -409,8 +412,8 @@ class _GraphDefCompilation(TransportRules[_Copy]):
                 f"the graph was built for batch {ir.graph_batch_size}; compile it with the IR "
                 f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
             )
-        super().__init__(ir.num_tensors, ir.batch_size, cluster.device_machine.tolist())
-        self.ir, self.cluster, self.resolved = ir, cluster, resolved
+        super().__init__(resolved, ir.num_tensors, ir.batch_size, cluster.device_machine.tolist())
+        self.ir, self.cluster = ir, cluster
         self.variable_names = variable_names
         self.source = graph_def
         self.originals = {n.name: n for n in graph_def.node}
@@ -440,6 +443,7 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         self.op_split = (placement.op_mode == _SPLIT).tolist()
         self.batch_axis = ir.tensor_batch_axis.tolist()
         self.aggregation = ir.tensor_aggregation.tolist()
+        self.split_kind = split_kinds(ir)
         self.has_control = (np.diff(ir.control_ptr) > 0).tolist()
         self.shape_argument = [
             _SHAPE_ARGUMENTS.get(kind, _ROW_ARGUMENTS.get(kind, -1)) for kind in ir.op_types
@@ -454,7 +458,6 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         self.slices: dict[str, tuple[int, int, tuple[str, str]]] = {}  # Slice -> rows, consts
         self.local_consts: dict[tuple[int, int, int, int, bool], str] = {}
         self.gradients = set(ir.parameters.gradient_tensor.tolist())
-        self.collectives: list[_GradientReduction] = []
         self.group_keys: dict[tuple[int, ...], int] = {}
         self.instance_keys = 0
 
@@ -779,23 +782,9 @@ class _GraphDefCompilation(TransportRules[_Copy]):
     # ops ---------------------------------------------------------------------------------
     def _publish(self, op: int, inst: int, node: str) -> None:
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
-        split = self.op_split[op]
-        batch = self.ir.batch_size
+        split, kinds = self.op_split[op], self.split_kind
         for slot, tensor in enumerate(self.op_outputs[op]):
-            carries = self.batch_axis[tensor] >= 0
-            aggregation = self.aggregation[tensor]
-            if not split:
-                kind, lo_t, hi_t = FULL, 0, batch
-            elif aggregation == _AGGREGATE_SUM:
-                kind, lo_t, hi_t = SUM, lo, hi
-            elif aggregation == _AGGREGATE_MEAN:
-                kind, lo_t, hi_t = MEAN, lo, hi
-            elif aggregation == _AGGREGATE_LOCAL:
-                kind, lo_t, hi_t = LOCAL, lo, hi
-            elif carries:
-                kind, lo_t, hi_t = (FULL if (lo, hi) == (0, batch) else SLICE), lo, hi
-            else:
-                kind, lo_t, hi_t = FULL, 0, batch
+            kind, lo_t, hi_t = published_rows(kinds[tensor] if split else FULL, lo, hi, self.batch)
             ref = node if slot == 0 else f"{node}:{slot}"
             self._record_copies(tensor, (_Copy(device, lo_t, hi_t, kind, ref),))
 
@@ -851,23 +840,20 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         for node in releases:
             self.out.nodes[node].input.append(f"^{barrier}")
 
-    def _schedule_collectives(self) -> None:
-        """Each group's gradient-sync mode, as barriers in front of its AllReduces:
-        ``bucketed`` ones fused across groups by :func:`~.buckets.gradient_buckets`."""
-        decisions = self.resolved.group_decisions
-        for group in sorted({c.group for c in self.collectives}):
-            if decisions[group].gradient_sync == GradientSync.AFTER_BACKWARD:
-                every_gradient = {n for c in self.collectives for n in c.inputs}
-                releases = [n for c in self.collectives if c.group == group for n in c.nodes]
-                self._barrier(f"gradient_sync/group_{group}", every_gradient, releases)
-        allreduces = [GradientAllReduce(c.group, c.members, c.nbytes) for c in self.collectives]
-        for bucket in gradient_buckets(allreduces, decisions):
-            fused = [self.collectives[i] for i in bucket.collectives]
-            waits = {n for c in fused for n in c.inputs}
-            releases = [n for c in fused for n in c.nodes]
-            groups = bucket.groups
-            name = f"group_{groups[0]}" if len(groups) == 1 else f"groups_{len(groups)}"
-            self._barrier(f"gradient_sync/{name}_bucket", waits, releases)
+    def _after_backward(self, group: int, collectives: list[_GradientReduction]) -> None:
+        """A ``NoOp`` barrier behind every gradient in front of the group's AllReduces."""
+        every_gradient = {n for c in self.collectives for n in c.inputs}
+        releases = [n for c in collectives for n in c.nodes]
+        self._barrier(f"gradient_sync/group_{group}", every_gradient, releases)
+
+    def _fuse(self, bucket: Bucket, collectives: list[_GradientReduction]) -> None:
+        """A ``NoOp`` barrier behind the bucket's gradients in front of its AllReduces
+        (fusing them into one buffer is left to the runtime)."""
+        waits = {n for c in collectives for n in c.inputs}
+        releases = [n for c in collectives for n in c.nodes]
+        groups = bucket.groups
+        name = f"group_{groups[0]}" if len(groups) == 1 else f"groups_{len(groups)}"
+        self._barrier(f"gradient_sync/{name}_bucket", waits, releases)
 
     def _fold_inputs(self) -> dict[str, list[list[Any]]]:
         """Fold the lone ``Slice`` of a replica's placeholder into the feed."""

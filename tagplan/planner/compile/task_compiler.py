@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
+from tagplan.planner.compile.buckets import Bucket
 from tagplan.planner.compile.links import (
     LinkLayout,
     Route,
@@ -68,20 +68,25 @@ from tagplan.planner.compile.symmetry import (
     symmetry_classes,
 )
 from tagplan.planner.compile.task_builder import TaskBuilder
-from tagplan.planner.compile.transport import FULL, LOCAL, MEAN, SLICE, SUM, TransportRules
+from tagplan.planner.compile.transport import (
+    FULL,
+    SLICE,
+    SUM,
+    TransportRules,
+    published_rows,
+    split_kinds,
+)
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
-from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph
-from tagplan.planner.strategy import Collective, GradientSync, Mode, ResolvedStrategy
+from tagplan.planner.strategy import Collective, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler keeps
-_KIND_OF_AGGREGATION = {Aggregation.SUM: SUM, Aggregation.MEAN: MEAN, Aggregation.LOCAL: LOCAL}
 
 
 class _Copy(NamedTuple):
@@ -177,16 +182,6 @@ class CompiledTasks:
         return float(self.task_copies.sum()) / len(self.task_copies)
 
 
-def _split_kinds(ir: GraphIR) -> list[int]:
-    """Kind of each tensor's copies made by split replicas: partial (sum, mean, the
-    replica's own value) by its aggregation, else a slice when it carries the batch."""
-    aggregations, axes = ir.tensor_aggregation.tolist(), ir.tensor_batch_axis.tolist()
-    return [
-        _KIND_OF_AGGREGATION.get(aggregation, SLICE if axis >= 0 else FULL)
-        for aggregation, axis in zip(aggregations, axes, strict=True)
-    ]
-
-
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector (reference counting still frees everything).
@@ -228,7 +223,7 @@ class TaskCompiler:
         self.tensor_bytes = ir.tensor_bytes.tolist()
         self.tensor_memory_bytes = op_memory(ir).tensor_bytes.tolist()
         self.tensor_carries = (ir.tensor_batch_axis >= 0).tolist()
-        self.tensor_split_kind = _split_kinds(ir)
+        self.tensor_split_kind = split_kinds(ir)
         self.tensor_names = [
             f"{ir.op_names[op]}:{slot}"
             for op, slot in zip(ir.tensor_producer.tolist(), ir.tensor_slot.tolist(), strict=True)
@@ -327,11 +322,9 @@ class TaskCompiler:
             gpu, lo, hi = row
             share = members[gpu] if split else 1
             for tensor, its_keys, its_kinds in zip(tensors, keys, copy_kinds, strict=True):
-                split_kind = kinds[tensor] if split else FULL
-                full_rows = split_kind == FULL or (
-                    split_kind == SLICE and (hi - lo) // share == batch
+                kind, lo_t, hi_t = published_rows(
+                    kinds[tensor] if split else FULL, lo, hi, batch, share
                 )
-                kind, lo_t, hi_t = (FULL, 0, batch) if full_rows else (split_kind, lo, hi)
                 device.append(gpu)
                 nbytes.append(self.rows_bytes(tensor, lo_t, hi_t, share, memory=True))
                 instance.append(i)
@@ -406,8 +399,8 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         placement: Placement,
         symmetry: Symmetry | None = None,
     ) -> None:
-        super().__init__(fixed.ir.num_tensors, fixed.ir.batch_size, fixed.device_machine)
-        self.fixed, self.resolved = fixed, resolved
+        super().__init__(resolved, fixed.ir.num_tensors, fixed.ir.batch_size, fixed.device_machine)
+        self.fixed = fixed
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
         self.members = [1] * num_devices if symmetry is None else symmetry.members.tolist()
@@ -427,7 +420,6 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
         self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
         self.routes: dict[tuple[int, ...], Route] = {}  # by ring
-        self.collectives: list[_Collective] = []
 
     # tensors -----------------------------------------------------------------------------
     def _bytes(
@@ -659,21 +651,10 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
 
-    def _schedule_collectives(self) -> None:
-        """Apply each group's gradient-sync mode to its AllReduces (see GradientSync):
-        ``after-backward`` groups wait for every gradient; ``bucketed`` AllReduces are
-        fused across groups by :func:`~.buckets.gradient_buckets`."""
-        decisions = self.resolved.group_decisions
-        if all(decisions[c.group].gradient_sync == GradientSync.OVERLAP for c in self.collectives):
-            return
+    def _after_backward(self, group: int, collectives: list[_Collective]) -> None:
         every_gradient = frozenset().union(*(c.inputs for c in self.collectives))
-        for group in sorted({c.group for c in self.collectives}):
-            if decisions[group].gradient_sync == GradientSync.AFTER_BACKWARD:
-                releases = [c.task for c in self.collectives if c.group == group]
-                _barrier(self.out, "after backward", group, every_gradient, releases)
-        allreduces = [GradientAllReduce(c.group, c.members, c.nbytes) for c in self.collectives]
-        for bucket in gradient_buckets(allreduces, decisions):
-            self._fuse(bucket, [self.collectives[i] for i in bucket.collectives])
+        releases = [c.task for c in collectives]
+        _barrier(self.out, "after backward", group, every_gradient, releases)
 
     def _fuse(self, bucket: Bucket, collectives: list[_Collective]) -> None:
         """Horovod tensor fusion: the bucket's AllReduces start together when its last

@@ -26,7 +26,10 @@ The rules, for a reader on ``device``:
   it is read.
 
 Every new whole copy and slice is remembered (``cache``) so later readers fetch it
-instead of rebuilding it.
+instead of rebuilding it. What an instance publishes of each output is decided here too
+(:func:`published_rows`: the whole tensor, its rows, a partial sum or a per-replica
+value), and, once every op is placed, when the gradients' AllReduces run
+(:meth:`TransportRules._schedule_collectives`: each op group's gradient-sync mode).
 """
 
 from __future__ import annotations
@@ -34,9 +37,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.covering import covering_pieces
+from tagplan.planner.graph.batch import Aggregation
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import GradientSync, ResolvedStrategy
 
-__all__ = ["FULL", "LOCAL", "MEAN", "SLICE", "SUM", "TransportRules"]
+__all__ = [
+    "FULL",
+    "LOCAL",
+    "MEAN",
+    "SLICE",
+    "SUM",
+    "TransportRules",
+    "published_rows",
+    "split_kinds",
+]
 
 # kinds of copies: a whole tensor, rows of it, a partial sum, a per-replica mean (batch
 # statistics), a per-replica value read where it is
@@ -63,20 +79,53 @@ class Copy(Protocol):
 
 C = TypeVar("C", bound=Copy)
 
+_KIND_OF_AGGREGATION = {Aggregation.SUM: SUM, Aggregation.MEAN: MEAN, Aggregation.LOCAL: LOCAL}
+
+
+def split_kinds(ir: GraphIR) -> list[int]:
+    """Kind of each tensor's copies made by split replicas: partial (sum, mean, the
+    replica's own value) by its aggregation, else a slice when it carries the batch."""
+    aggregations, axes = ir.tensor_aggregation.tolist(), ir.tensor_batch_axis.tolist()
+    return [
+        _KIND_OF_AGGREGATION.get(aggregation, SLICE if axis >= 0 else FULL)
+        for aggregation, axis in zip(aggregations, axes, strict=True)
+    ]
+
+
+def published_rows(
+    split_kind: int, lo: int, hi: int, batch: int, share: int = 1
+) -> tuple[int, int, int]:
+    """``(kind, lo, hi)`` of the copy an instance at rows ``[lo, hi)`` publishes of a
+    tensor whose split copies are of ``split_kind`` (``FULL`` for an instance that is not
+    split): the whole tensor when it holds every row (rows shared by the ``share`` GPUs
+    of a class count per GPU)."""
+    if split_kind == FULL or (split_kind == SLICE and (hi - lo) // share == batch):
+        return FULL, 0, batch
+    return split_kind, lo, hi
+
 
 class TransportRules(Generic[C]):
     """The rules of the module docstring over one back end's copies; a back end emits
     through the hooks (the methods that raise :class:`NotImplementedError` here) and may
     refuse a rule (:meth:`_single`, :meth:`_check_covering`)."""
 
-    def __init__(self, num_tensors: int, batch: int, device_machine: Sequence[int]) -> None:
-        self.batch = batch
+    def __init__(
+        self,
+        resolved: ResolvedStrategy,
+        num_tensors: int,
+        batch: int,
+        device_machine: Sequence[int],
+    ) -> None:
+        self.resolved, self.batch = resolved, batch
         self.device_machine = device_machine
         self.copies: list[list[C]] = [[] for _ in range(num_tensors)]
         self.cache: dict[tuple[int, int, int, int], C] = {}  # (tensor, device, lo, hi)
         self.partials: dict[tuple[int, int, int, int], C] = {}  # partial sums, same key
         # per-replica values (batch statistics, shapes) by tensor, then device
         self.replica_values: dict[int, dict[int, list[C]]] = {}
+        # the gradients' AllReduces (each with its op group, members and bytes), awaiting
+        # their gradient-sync mode
+        self.collectives: list = []
 
     # hooks -------------------------------------------------------------------------------
     def _move(self, tensor: int, copy: C, device: int, reader: int) -> C:
@@ -106,6 +155,14 @@ class TransportRules(Generic[C]):
 
     def _sum(self, tensor: int, partial: list[C], device: int, reader: int) -> C:
         """The whole tensor on ``device`` from partial results anywhere (not kept)."""
+        raise NotImplementedError
+
+    def _after_backward(self, group: int, collectives: list) -> None:
+        """``collectives`` (of op group ``group``) wait for every gradient."""
+        raise NotImplementedError
+
+    def _fuse(self, bucket: Bucket, collectives: list) -> None:
+        """``collectives`` run as one bucket, once the bucket's last gradient is ready."""
         raise NotImplementedError
 
     def _reader_devices(self, reader: int) -> set[int]:
@@ -241,6 +298,23 @@ class TransportRules(Generic[C]):
         hub = (whole or self.copies[tensor])[0].device
         self._single(hub, "the hub is a member of a class")
         return hub
+
+    def _schedule_collectives(self) -> None:
+        """Apply each op group's gradient-sync mode to the gradients' AllReduces
+        (:class:`~tagplan.planner.strategy.GradientSync`), once every op is compiled:
+        ``after-backward`` groups' AllReduces wait for every gradient; ``bucketed`` ones are
+        fused across groups by :func:`~.buckets.gradient_buckets` (Horovod's tensor
+        fusion); ``overlap`` ones start as their gradient is ready."""
+        decisions = self.resolved.group_decisions
+        collectives = self.collectives
+        if all(decisions[c.group].gradient_sync == GradientSync.OVERLAP for c in collectives):
+            return
+        for group in sorted({c.group for c in collectives}):
+            if decisions[group].gradient_sync == GradientSync.AFTER_BACKWARD:
+                self._after_backward(group, [c for c in collectives if c.group == group])
+        allreduces = [GradientAllReduce(c.group, c.members, c.nbytes) for c in collectives]
+        for bucket in gradient_buckets(allreduces, decisions):
+            self._fuse(bucket, [collectives[i] for i in bucket.collectives])
 
     def _record_copies(self, tensor: int, produced: Iterable[C]) -> None:
         """Copies of ``tensor`` that instances produced, where the rules look them up:
