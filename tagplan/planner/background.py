@@ -15,15 +15,19 @@ T = TypeVar("T")
 
 
 class BackgroundWork(Generic[T]):
-    """``work()`` started at once on a daemon thread, its value (or what it raised) handed
-    to whoever asks for it. A value nobody waits for is dropped with the thread."""
+    """``work()`` started at once on a thread of its own, its value (or what it raised)
+    handed to whoever asks for it.
+
+    The thread is not a daemon: a process that ends while the work runs waits for it
+    (native code killed at interpreter exit aborts the process), so give ``work`` a
+    deadline of its own, as the solvers' time limits are."""
 
     def __init__(self, work: Callable[[], T], *, name: str = "tagplan-background") -> None:
         self._work = work
         self._value: T | None = None
         self._error: BaseException | None = None
         self.seconds = 0.0  # how long work() ran, once it has returned
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name)
         self._thread.start()
 
     def _run(self) -> None:
