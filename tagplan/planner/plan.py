@@ -5,7 +5,9 @@
 * **group**: METIS op groups (TAG §4.1.1), compute time averaged over the cluster's GPU
   types;
 * **baselines**: every baseline strategy through the same compiler and simulator; DP-NCCL's
-  step is the reference the search's rewards are measured against;
+  step is the reference the search's rewards are measured against; a baseline that a
+  bound shows no faster than one simulated before is left out (``every_baseline``
+  simulates it anyway: :meth:`Planner._bounded_out`);
 * **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
   ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
   breaks ties in the candidate generator's order, the others shuffle them;
@@ -25,7 +27,8 @@
   symmetry class, :mod:`~.compile.symmetry`) and, when the GraphDef is given, the placed
   distributed GraphDef and device map;
 * **bound**: the step bound counting communication (:mod:`~.search.comm_bound`), in the
-  time the budget leaves.
+  time the budget leaves, its LP solved on a thread of its own from the start of the search
+  (:meth:`Planner.start_comm_bound`).
 
 The plan is the fastest strategy that fits in memory among what the search found and the
 baselines (every baseline is a strategy of the same space, so no plan is ever worse than
@@ -70,7 +73,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from tagplan.planner.background import BackgroundWork
@@ -362,7 +365,7 @@ class Planner:
             if name != REFERENCE and left_s < expected_s:
                 skipped.append(name)
                 continue
-            bar_s = min((s.step_time_s for s in scores.values() if not s.oom), default=math.inf)
+            bar_s = _best_fitting_s(scores.values())
             if self._bounded_out(name, None, bar_s, ruled_out):
                 continue
             started = time.perf_counter()
@@ -406,16 +409,16 @@ class Planner:
             )
         if refused:
             self._note("baselines", f"not applicable: {', '.join(refused)}")
+        best_s = _best_fitting_s(self.baselines.values())
         if ruled_out:
-            best = min((s.step_time_s for s in scores.values() if not s.oom), default=math.inf)
             self._note(
                 "baselines",
-                f"not simulated, bounded at or above the best baseline's {best * 1e3:.1f} ms: "
+                f"not simulated, bounded at or above the best baseline's {best_s * 1e3:.1f} ms: "
                 + "; ".join(f"{', '.join(names)} ({why})" for why, names in ruled_out.items()),
             )
-        fitting = [s.step_time_s for s in self.baselines.values() if not s.oom]
         self.reference_step_s = self.baselines[REFERENCE].step_time_s
-        self._report("baselines", 0, min(fitting) if fitting else None)  # the best to beat
+        # the best to beat
+        self._report("baselines", 0, best_s if best_s < math.inf else None)
         self.phases.leave()
 
     def _bounded_out(
@@ -726,6 +729,11 @@ class Planner:
         if self.start is not None:
             contenders.append(("start", self.start))
         return contenders
+
+
+def _best_fitting_s(scores: Iterable[BaselineScore]) -> float:
+    """The fastest step among ``scores`` that fit in memory (infinite when none does)."""
+    return min((s.step_time_s for s in scores if not s.oom), default=math.inf)
 
 
 def _stop_reason(outcomes: Sequence[SearchOutcome]) -> str:

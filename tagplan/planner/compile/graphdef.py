@@ -423,6 +423,7 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         self.placement = place(ir, resolved)
         self.adds_partials = sums_partials(ir) & (self.placement.op_mode == Mode.SPLIT)
         self.micro_batched = micro_batched_ops(resolved, self.placement).tolist()
+        self.tensor_producer = ir.tensor_producer.tolist()
         self.first_micro_batch_rows = first_micro_batch_rows(resolved, ir.batch_size)
         self.devices = [worker_device(cluster, d) for d in range(cluster.num_devices)]
         self.instance_node = [
@@ -529,7 +530,7 @@ class _GraphDefCompilation(TransportRules[_Copy]):
     def _addn(self, tensor: int, refs: list[str], device: int) -> str:
         """An ``AddN`` of ``refs``; micro-batches' partials as a running sum, as the task
         graph adds them."""
-        if len(refs) > 2 and self.micro_batched[int(self.ir.tensor_producer[tensor])]:
+        if len(refs) > 2 and self._micro_batched(tensor):
             running = self._addn(tensor, refs[:2], device)
             for ref in refs[2:]:
                 running = self._addn(tensor, [running, ref], device)
@@ -556,12 +557,6 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         return _Copy(
             device, 0, self.batch, kind, self._addn(tensor, [p.ref for p in pieces], device)
         )
-
-    def _reader_devices(self, reader: int) -> set[int]:
-        return set(self.placement.devices(reader).tolist())
-
-    def _micro_batched(self, tensor: int) -> bool:
-        return self.micro_batched[int(self.ir.tensor_producer[tensor])]
 
     def _allreduce(
         self, tensor: int, partial: list[_Copy], members: tuple[int, ...], reader: int

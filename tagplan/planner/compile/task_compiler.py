@@ -412,6 +412,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             sums_partials(fixed.ir) & (placement.op_mode == Mode.SPLIT)
         ).tolist()
         self.micro_batched = micro_batched_ops(resolved, placement).tolist()
+        self.tensor_producer = fixed.tensor_producer
         self.inst_ptr = placement.inst_ptr.tolist()
         self.inst_device = placement.inst_device.tolist()
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
@@ -540,12 +541,6 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             for piece in partial
         ]
         return self._add(tensor, local, device, reader, FULL)
-
-    def _reader_devices(self, reader: int) -> set[int]:
-        return set(self.placement.devices(reader).tolist())
-
-    def _micro_batched(self, tensor: int) -> bool:
-        return self.micro_batched[self.fixed.tensor_producer[tensor]]
 
     def _single(self, device: int, rule: str) -> None:
         """Compiled by class, a rule that would single out one member of ``device``'s

@@ -39,6 +39,7 @@ from typing import Generic, Protocol, TypeVar
 
 from tagplan.planner.compile.buckets import Bucket, GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.covering import covering_pieces
+from tagplan.planner.compile.placement import Placement
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import GradientSync, ResolvedStrategy
@@ -107,7 +108,12 @@ def published_rows(
 class TransportRules(Generic[C]):
     """The rules of the module docstring over one back end's copies; a back end emits
     through the hooks (the methods that raise :class:`NotImplementedError` here) and may
-    refuse a rule (:meth:`_single`, :meth:`_check_covering`)."""
+    refuse a rule (:meth:`_single`, :meth:`_check_covering`). A back end sets what the
+    rules read of the strategy:"""
+
+    placement: Placement
+    micro_batched: list[bool]  # per op: runs per micro-batch
+    tensor_producer: list[int]  # per tensor: its op
 
     def __init__(
         self,
@@ -166,12 +172,13 @@ class TransportRules(Generic[C]):
         raise NotImplementedError
 
     def _reader_devices(self, reader: int) -> set[int]:
-        """The GPUs ``reader`` has instances on."""
-        raise NotImplementedError
+        """The GPUs ``reader`` has instances on (the back end's ``placement``)."""
+        return set(self.placement.devices(reader).tolist())
 
     def _micro_batched(self, tensor: int) -> bool:
-        """Whether ``tensor``'s producer runs per micro-batch."""
-        raise NotImplementedError
+        """Whether ``tensor``'s producer runs per micro-batch (the back end's
+        ``micro_batched`` per op and ``tensor_producer`` per tensor)."""
+        return self.micro_batched[self.tensor_producer[tensor]]
 
     def _single(self, device: int, rule: str) -> None:
         """A back end that compiles a class of GPUs once refuses ``rule`` on a GPU that
