@@ -35,12 +35,11 @@ import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.report import write_section
+from bench.report import add_case_run_arguments, records_done, write_section
 from bench.search_yardstick import run_annealing
 from tagplan.gnn import load_prior
 from tagplan.gnn.dataset import Case, search_for
@@ -252,17 +251,9 @@ def main() -> None:
     parser.add_argument("--anneal", type=int, default=100)
     parser.add_argument("--budgets", action="store_true")
     parser.add_argument("--latency", action="store_true")
-    parser.add_argument("--checkpoint", default=None, help="default: the shipped one")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench-gnn-prior.jsonl"))
-    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+    add_case_run_arguments(parser, "bench-gnn-prior.jsonl")
     args = parser.parse_args()
-    done = {}
-    if args.out.exists():
-        for line in args.out.read_text().splitlines():
-            record = json.loads(line)
-            done[(record["graph"], record["cluster"])] = record
+    done = records_done(args.out, lambda r: (r["graph"], r["cluster"]))
     cases = [
         c
         for c in eval_cases(args.models, args.per_model, args.seed)

@@ -71,6 +71,25 @@ def before_cells(old: dict | None, key: str, value: float, digits: int) -> str:
     return f" {old[key]:.{digits}f} | {old[key] / value:.2f}x |"
 
 
+def add_case_run_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options of a benchmark whose cases run in processes and are appended to a
+    JSON-lines file, so a run resumes: the checkpoint, the processes, the seed of the
+    cases, the file (default ``out``) and ``--write``."""
+    parser.add_argument("--checkpoint", default=None, help="default: the shipped one")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+
+
+def records_done(path: Path, key) -> dict:
+    """The records of ``path`` (JSON lines) by ``key(record)``; empty when it is missing."""
+    if not path.exists():
+        return {}
+    records = (json.loads(line) for line in path.read_text().splitlines())
+    return {key(record): record for record in records}
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -35,13 +35,29 @@ def train_command(
         str,
         typer.Option(help="Train without a part of the graph: none, no-feedback, no-device-graph."),
     ] = "none",
+    min_visits: Annotated[
+        int | None,
+        typer.Option(
+            help="Visits a vertex needs to be a training example (default: 6; 3 with "
+            "--layout-head-on, whose vertices are fewer)."
+        ),
+    ] = None,
+    layout_head_on: Annotated[
+        Path | None,
+        typer.Option(
+            help="Train only a layout head (pipelines in the search) on this checkpoint's "
+            "network, whose weights stay as they are."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Generate search data over zoo models x random clusters and fit the prior; rerun
-    the same command to resume. Writes ROUND/prior.pt (+ .json) and run.json in OUT."""
+    """Generate search data over zoo models x random clusters and fit the prior (or, with
+    --layout-head-on, its layout head); rerun the same command to resume. Writes
+    ROUND/prior.pt (+ .json) and run.json in OUT."""
     with user_errors():
         from tagplan.gnn.model import DEFAULT_HYPER
         from tagplan.gnn.train import TRAIN_MODELS, TrainOptions, train
+        from tagplan.gnn.train_layouts import train_layouts
 
         chosen = tuple(m for m in (models.split(",") if models else TRAIN_MODELS) if m)
         left_out = set(exclude.split(",")) if exclude else set()
@@ -53,6 +69,7 @@ def train_command(
             iterations=iterations,
             epochs=epochs,
             workers=workers,
+            min_visits=min_visits or (3 if layout_head_on else 6),
             hyper={**DEFAULT_HYPER, "ablation": ablation},
         )
         with Progress(
@@ -70,7 +87,10 @@ def train_command(
                     tasks[stage] = bar.add_task(stage, total=total)
                 bar.update(tasks[stage], completed=done, total=total)
 
-            checkpoint = train(out, options, progress=show)
+            if layout_head_on is None:
+                checkpoint = train(out, options, progress=show)
+            else:
+                checkpoint = train_layouts(out, layout_head_on, options, progress=show)
     record = json.loads((out / "run.json").read_text())
     metrics = record["rounds"][-1]["metrics"]
     if as_json:

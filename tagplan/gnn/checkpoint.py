@@ -4,7 +4,8 @@ A checkpoint file is ``torch.save`` of ``{"state_dict": ..., "meta": ...}`` hold
 tensors and plain values, so it loads with ``torch.load(weights_only=True)``: a file from
 anywhere cannot run code. ``meta`` records the format, the feature schema
 (:data:`~.features.SCHEMA_VERSION` and every feature's name, so a network is never fed
-features it was not trained on), the network's shape, the training run (data, seeds,
+features it was not trained on; a network with a layout head also records the layout
+candidates' features, :mod:`.layout_features`), the network's shape, the training run (data, seeds,
 metrics) and the sha256 of the weights. :func:`load_checkpoint` refuses a file whose
 format, schema or digest does not match, naming what differs.
 
@@ -30,6 +31,7 @@ from tagplan.gnn.features import (
     OP_FEATURES,
     SCHEMA_VERSION,
 )
+from tagplan.gnn.layout_features import LAYOUT_FEATURES, LAYOUT_SCHEMA_VERSION
 from tagplan.gnn.model import PriorNet
 from tagplan.planner.errors import InvalidInput
 
@@ -49,15 +51,19 @@ class CheckpointRefused(InvalidInput):
     """The file is not a checkpoint this version can use (the message says why)."""
 
 
-def feature_schema() -> dict[str, Any]:
-    """The features this version computes, as a checkpoint records them."""
-    return {
+def feature_schema(*, layout_head: bool = False) -> dict[str, Any]:
+    """The features this version computes, as a checkpoint records them; the layout
+    candidates' too for a network with a layout head."""
+    schema: dict[str, Any] = {
         "version": SCHEMA_VERSION,
         "op": list(OP_FEATURES),
         "dev": list(DEV_FEATURES),
         "act": list(ACT_FEATURES),
         "edges": {"__".join(k): list(v) for k, v in EDGE_FEATURES.items()},
     }
+    if layout_head:
+        schema["layout"] = {"version": LAYOUT_SCHEMA_VERSION, "features": list(LAYOUT_FEATURES)}
+    return schema
 
 
 def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
@@ -80,7 +86,7 @@ def save_checkpoint(path: str | Path, model: PriorNet, meta: dict[str, Any]) -> 
     full_meta = {
         **meta,
         "format": FORMAT,
-        "schema": feature_schema(),
+        "schema": feature_schema(layout_head=model.has_layout_head),
         "hyper": dict(model.hyper),
         "state_sha256": digest,
     }
@@ -113,7 +119,8 @@ def load_checkpoint(source: str | Path | bytes) -> tuple[PriorNet, dict[str, Any
     meta, state = payload["meta"], payload["state_dict"]
     if meta.get("format") != FORMAT:
         raise _refuse(name, f"format {meta.get('format')!r}, this version reads {FORMAT!r}")
-    schema, expected = meta.get("schema", {}), feature_schema()
+    layout_head = bool(meta.get("hyper", {}).get("layout_head", False))
+    schema, expected = meta.get("schema", {}), feature_schema(layout_head=layout_head)
     if schema != expected:
         differs = sorted(k for k in expected if schema.get(k) != expected[k])
         raise _refuse(

@@ -15,25 +15,40 @@ generation resumes by skipping files that exist.
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tagplan.gnn.features import EDGE_FEATURES, StateGraph, state_graph, static_graph
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
+from tagplan.planner.search.layout_branches import LayoutBranches, bounded_layouts
 from tagplan.planner.search.mcts import StrategySearch
-from tagplan.planner.search.prior import Prior
+from tagplan.planner.search.pipeline_stages import pipeline_layouts
+from tagplan.planner.search.prior import Prior, PriorQuery
 from tagplan.planner.topology import load_cluster
 
-__all__ = ["Case", "Example", "case_file", "generate_case", "load_case", "search_for"]
+__all__ = [
+    "Case",
+    "Example",
+    "case_file",
+    "generate_case",
+    "graph_arrays",
+    "graph_from",
+    "layout_branches_for",
+    "load_case",
+    "save_arrays",
+    "search_for",
+]
 
 _EDGE_KEYS = {edge_type: "__".join(edge_type) for edge_type in EDGE_FEATURES}
 
@@ -78,12 +93,18 @@ def _ir(graph: str) -> GraphIR:
 
 
 def search_for(
-    case: Case, prior: Prior | None, *, scores: dict | None = None, shuffle_ties: bool = True
+    case: Case,
+    prior: Prior | None,
+    *,
+    scores: dict | None = None,
+    shuffle_ties: bool = True,
+    layouts: bool = False,
 ) -> StrategySearch:
     """The search a plan would run for ``case`` (module docstring), with ``prior``;
     ``scores`` shares simulations with other searches of the same case. Training breaks
     ties at random (TAG's pure MCTS), so the targets do not learn the candidate order;
-    a plan's first tree breaks them in that order (``shuffle_ties=False``)."""
+    a plan's first tree breaks them in that order (``shuffle_ties=False``). With
+    ``layouts`` the tree holds the pipelines too (:func:`layout_branches_for`)."""
     ir, cluster = _ir(case.graph), load_cluster(case.cluster)
     evaluator = Evaluator(ir, cluster)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, evaluator.costs), seed=case.seed)
@@ -98,6 +119,33 @@ def search_for(
         seed=case.seed,
         shuffle_ties=shuffle_ties,
         scores=scores,
+        layouts=layout_branches_for(evaluator, space, reference) if layouts else None,
+    )
+
+
+def layout_branches_for(
+    evaluator: Evaluator, space: ActionSpace, reference: Evaluation
+) -> LayoutBranches | None:
+    """The stage layouts a plan would put in its tree, bounded by the reference step
+    where it fits (a plan bounds them by its best baseline), with simulation costs in
+    units of one evaluation of the reference: what the pipelines' share of the search
+    counts depends on their ratio only, so the search does not depend on the machine's
+    speed. ``None`` where the allocation has one unit or no layout is left."""
+    ir, cluster = evaluator.ir, evaluator.cluster
+    bar_s = math.inf if reference.result.oom else reference.step_time_s
+    bounded = bounded_layouts(
+        evaluator, pipeline_layouts(ir, cluster, evaluator.costs), space.device_speed, bar_s
+    )
+    if not bounded.layouts:
+        return None
+    return LayoutBranches(
+        ir,
+        cluster,
+        bounded.layouts,
+        space.device_speed,
+        bound_s=bounded.bound_s,
+        micro_batch_s=reference.compiled.per_gpu_factor,
+        evaluation_s=1.0,
     )
 
 
@@ -111,6 +159,7 @@ def generate_case(
     examples = [
         Example(state_graph(static, query), visits.astype(np.float32))
         for query, visits in search.visit_targets(min_visits)
+        if isinstance(query, PriorQuery)
     ]
     summary = {
         **asdict(case),
@@ -125,37 +174,53 @@ def generate_case(
     return examples, summary
 
 
-def save_case(path: Path, examples: list[Example], summary: dict) -> None:
-    """Write a case's examples and summary as one ``.npz`` (atomically)."""
-    arrays: dict[str, np.ndarray] = {"summary": np.array(json.dumps(summary))}
-    for i, example in enumerate(examples):
-        g = example.graph
-        arrays[f"{i}.op_x"], arrays[f"{i}.dev_x"], arrays[f"{i}.act_x"] = g.op_x, g.dev_x, g.act_x
-        arrays[f"{i}.target"] = example.target
-        for edge_type, (index, attr) in g.edges.items():
-            arrays[f"{i}.{_EDGE_KEYS[edge_type]}.index"] = index
-            arrays[f"{i}.{_EDGE_KEYS[edge_type]}.attr"] = np.asarray(attr, dtype=np.float32)
+def graph_arrays(prefix: str, graph: StateGraph) -> dict[str, np.ndarray]:
+    """``graph`` as named arrays (``prefix`` + a field), what :func:`graph_from` reads."""
+    arrays = {f"{prefix}op_x": graph.op_x, f"{prefix}dev_x": graph.dev_x}
+    arrays[f"{prefix}act_x"] = graph.act_x
+    for edge_type, (index, attr) in graph.edges.items():
+        arrays[f"{prefix}{_EDGE_KEYS[edge_type]}.index"] = index
+        arrays[f"{prefix}{_EDGE_KEYS[edge_type]}.attr"] = np.asarray(attr, dtype=np.float32)
+    return arrays
+
+
+def graph_from(data: Mapping[str, np.ndarray], prefix: str) -> StateGraph:
+    """The graph :func:`graph_arrays` stored under ``prefix``."""
+    edges = {
+        edge_type: (data[f"{prefix}{key}.index"], data[f"{prefix}{key}.attr"])
+        for edge_type, key in _EDGE_KEYS.items()
+    }
+    return StateGraph(
+        op_x=data[f"{prefix}op_x"],
+        dev_x=data[f"{prefix}dev_x"],
+        act_x=data[f"{prefix}act_x"],
+        edges=edges,
+    )
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray], summary: dict) -> None:
+    """Write ``arrays`` and a JSON ``summary`` as one ``.npz``, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial.npz")
-    np.savez_compressed(partial, **arrays)
+    np.savez_compressed(partial, summary=np.array(json.dumps(summary)), **arrays)
     partial.replace(path)
+
+
+def save_case(path: Path, examples: list[Example], summary: dict) -> None:
+    """Write a case's examples and summary as one ``.npz`` (atomically)."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, example in enumerate(examples):
+        arrays.update(graph_arrays(f"{i}.", example.graph))
+        arrays[f"{i}.target"] = example.target
+    save_arrays(path, arrays, summary)
 
 
 def load_case(path: Path) -> tuple[list[Example], dict]:
     """A case file's examples and summary."""
     with np.load(path, allow_pickle=False) as data:
         summary = json.loads(str(data["summary"]))
-        examples = []
-        for i in range(summary["examples"]):
-            edges = {
-                edge_type: (data[f"{i}.{key}.index"], data[f"{i}.{key}.attr"])
-                for edge_type, key in _EDGE_KEYS.items()
-            }
-            graph = StateGraph(
-                op_x=data[f"{i}.op_x"],
-                dev_x=data[f"{i}.dev_x"],
-                act_x=data[f"{i}.act_x"],
-                edges=edges,
-            )
-            examples.append(Example(graph, data[f"{i}.target"]))
+        examples = [
+            Example(graph_from(data, f"{i}."), data[f"{i}.target"])
+            for i in range(summary["examples"])
+        ]
     return examples, summary

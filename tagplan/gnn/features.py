@@ -49,6 +49,7 @@ __all__ = [
     "StateGraph",
     "StaticGraph",
     "ablate",
+    "clipped_log",
     "state_graph",
     "static_graph",
 ]
@@ -123,7 +124,7 @@ _TINY = 1e-12
 _LOG_RANGE = 9.2  # ratios are read between 1e-4 and 1e4: beyond that only the sign matters
 
 
-def _log(x: np.ndarray | float) -> np.ndarray:
+def clipped_log(x: np.ndarray | float) -> np.ndarray:
     """``log(x)`` clipped to ±:data:`_LOG_RANGE` (an empty group's time is 0)."""
     with np.errstate(divide="ignore"):
         value = np.log(np.maximum(np.asarray(x, dtype=np.float64), 0.0))
@@ -183,11 +184,11 @@ def static_graph(context: SearchContext) -> StaticGraph:
 
     op_x = np.zeros((g_count, len(OP_FEATURES)))
     op_x[:, 0] = time_s / time_s.sum()
-    op_x[:, 1] = _log(time_s / time_s.mean())
+    op_x[:, 1] = clipped_log(time_s / time_s.mean())
     op_x[:, 2] = params / model_params
-    op_x[:, 3] = _log(4 * params / min_memory)
-    op_x[:, 4] = _log(2 * params / slowest / time_s)
-    op_x[:, 5] = _log(2 * params / fastest / time_s)
+    op_x[:, 3] = clipped_log(4 * params / min_memory)
+    op_x[:, 4] = clipped_log(2 * params / slowest / time_s)
+    op_x[:, 5] = clipped_log(2 * params / fastest / time_s)
     op_x[:, 6] = bytes_in / total_edge_bytes
     op_x[:, 7] = bytes_out / total_edge_bytes
     op_x[:, 8] = position
@@ -199,22 +200,22 @@ def static_graph(context: SearchContext) -> StaticGraph:
     dev_x = np.zeros((m_count, len(DEV_FEATURES)))
     dev_x[:, 0] = cluster.group_size / cluster.num_devices
     dev_x[:, 1] = speed / speed.sum()
-    dev_x[:, 2] = _log(speed / speed.mean())
-    dev_x[:, 3] = _log(group_memory / (4 * model_params))
-    dev_x[:, 4] = _log(cluster.group_intra_bandwidth_bytes_per_s / fastest)
+    dev_x[:, 2] = clipped_log(speed / speed.mean())
+    dev_x[:, 3] = clipped_log(group_memory / (4 * model_params))
+    dev_x[:, 4] = clipped_log(cluster.group_intra_bandwidth_bytes_per_s / fastest)
     between = cluster.machine_bandwidth_bytes_per_s.copy()
     if cluster.num_machines > 1:
         np.fill_diagonal(between, 0.0)  # the fastest way out of the machine
     uplink = between.max(axis=1)[cluster.group_machine]
-    dev_x[:, 5] = _log(uplink / fastest)
+    dev_x[:, 5] = clipped_log(uplink / fastest)
     dev_x[:, 6] = machine_groups[cluster.group_machine] / m_count
 
     edge_bytes = grouping.edge_bytes.astype(np.float64)
     mean_bytes = max(edge_bytes.mean(), 1.0) if len(edge_bytes) else 1.0
     op_edge_attr = np.stack(
         [
-            _log((edge_bytes + 1.0) / mean_bytes),
-            _log((edge_bytes + 1.0) / slowest / time_s[grouping.edge_src]),
+            clipped_log((edge_bytes + 1.0) / mean_bytes),
+            clipped_log((edge_bytes + 1.0) / slowest / time_s[grouping.edge_src]),
         ],
         axis=1,
     ).reshape(-1, 2)
@@ -222,7 +223,7 @@ def static_graph(context: SearchContext) -> StaticGraph:
     latency = cluster.group_latency_s[src, dst]
     dev_edge_attr = np.stack(
         [
-            _log(bandwidth[src, dst] / fastest),
+            clipped_log(bandwidth[src, dst] / fastest),
             latency / max(float(cluster.group_latency_s.max()), _TINY),
             (cluster.group_machine[src] == cluster.group_machine[dst]).astype(np.float64),
         ],
@@ -237,7 +238,7 @@ def static_graph(context: SearchContext) -> StaticGraph:
         for t, seconds in space.type_op_time_s.items()
     }
     time_on = np.stack([on_type[int(cluster.group_type[d])] for d in range(m_count)], axis=1)
-    op_dev_log_time = _log(time_on * local_share[None, :] / time_s[:, None])
+    op_dev_log_time = clipped_log(time_on * local_share[None, :] / time_s[:, None])
 
     actions = space.actions
     act_x = np.zeros((len(actions), len(ACT_FEATURES)))
@@ -254,7 +255,7 @@ def static_graph(context: SearchContext) -> StaticGraph:
         act_x[i, col] = len(chosen) / m_count
         act_x[i, col + 1] = cluster.group_size[chosen].sum() / cluster.num_devices
         act_x[i, col + 2] = speed[chosen].sum() / speed.sum()
-        act_x[i, col + 3] = _log(inner.min() / fastest)
+        act_x[i, col + 3] = clipped_log(inner.min() / fastest)
         act_x[i, col + 4] = len(set(cluster.group_machine[chosen].tolist())) / cluster.num_machines
 
     op_edge_index = np.stack([grouping.edge_src, grouping.edge_dst]).astype(np.int64)

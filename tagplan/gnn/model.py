@@ -21,10 +21,19 @@ prior derives it once per search (:meth:`PriorNet.shape_of`).
 
 Graphs of several search states batch with PyG's ``Batch``: actions, op and device
 groups carry the index of their graph, so one forward pass scores many states.
+
+A network with a **layout head** (``layout_head=True``) also scores the candidates of the
+pipelined part of the tree (:mod:`.layout_features`): the same decoder shape over its
+own embedding of each candidate's features, the mean and max of the embeddings of the
+device groups it runs on, the op-group embeddings weighted by its focus and their mean.
+Those vertices read the encoder's embeddings of the search's root state (the static graph,
+no decisions, no feedback), so a search encodes once for all of them; the head is trained
+on the encoder of a trained network, which it leaves as it is (:mod:`.train_layouts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +52,7 @@ from tagplan.gnn.features import (
     StateGraph,
 )
 from tagplan.gnn.hetero_attention import EdgeLayout, edge_layout, hetero_gatv2
+from tagplan.gnn.layout_features import LAYOUT_FEATURES
 
 __all__ = ["DEFAULT_HYPER", "GraphShape", "PriorNet", "to_hetero_data"]
 
@@ -115,14 +125,24 @@ class PriorNet(nn.Module):
     whoever builds its input applies it (:func:`~.features.ablate`)."""
 
     def __init__(
-        self, hidden: int = 64, heads: int = 4, layers: int = 3, ablation: str = "none"
+        self,
+        hidden: int = 64,
+        heads: int = 4,
+        layers: int = 3,
+        ablation: str = "none",
+        layout_head: bool = False,
     ) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
         if ablation not in ABLATIONS:
             raise ValueError(f"unknown ablation {ablation!r}; expected one of {ABLATIONS}")
-        self.hyper = {"hidden": hidden, "heads": heads, "layers": layers, "ablation": ablation}
+        self.hyper: dict = {
+            "hidden": hidden,
+            "heads": heads,
+            "layers": layers,
+            "ablation": ablation,
+        }
         # message passing by :mod:`.hetero_attention`; False runs the HeteroConv modules
         # themselves (the reference the tests and bench/gnn_latency.py compare with)
         self.fused = True
@@ -153,6 +173,20 @@ class PriorNet(nn.Module):
         )
         self.act_embed = nn.Linear(len(ACT_FEATURES), hidden)
         self.decoder = nn.Sequential(nn.Linear(5 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        if layout_head:  # recorded only where present: older checkpoints have no such key
+            self.hyper["layout_head"] = True
+            self.layout_embed = nn.Linear(len(LAYOUT_FEATURES), hidden)
+            self.layout_decoder = nn.Sequential(
+                nn.Linear(5 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+            )
+
+    @property
+    def has_layout_head(self) -> bool:
+        return bool(self.hyper.get("layout_head", False))
+
+    def layout_parameters(self) -> list[nn.Parameter]:
+        """The layout head's weights: what training it fits (module docstring)."""
+        return [*self.layout_embed.parameters(), *self.layout_decoder.parameters()]
 
     @staticmethod
     def shape_of(data: HeteroData) -> GraphShape:
@@ -173,10 +207,8 @@ class PriorNet(nn.Module):
             graphs=int(act_batch.max()) + 1 if act_batch.numel() else 1,
         )
 
-    def logits(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
-        """One logit per action node of ``data`` (a graph or a batch of graphs);
-        ``shape``: its :meth:`shape_of`, when the caller keeps it."""
-        shape = shape or self.shape_of(data)
+    def encode(self, data: HeteroData, shape: GraphShape) -> dict[str, torch.Tensor]:
+        """The op and device groups' embeddings after the rounds of message passing."""
         layout = shape.layout
         h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
         edge_attr = {e: data[e].edge_attr for e in _MESSAGE_EDGES}
@@ -187,6 +219,13 @@ class PriorNet(nn.Module):
             else:
                 out = conv(h, edge_index, edge_attr_dict=edge_attr)
             h = {t: norm[t](h[t] + torch.relu(out[t])) for t in h}
+        return h
+
+    def logits(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
+        """One logit per action node of ``data`` (a graph or a batch of graphs);
+        ``shape``: its :meth:`shape_of`, when the caller keeps it."""
+        shape = shape or self.shape_of(data)
+        h = self.encode(data, shape)
         op_batch, act_batch, graphs = shape.op_batch, shape.act_batch, shape.graphs
         current = data["op"].x[:, OP_FEATURES.index("current")].unsqueeze(1)
         current_op = scatter(h["op"] * current, op_batch, dim=0, dim_size=graphs, reduce="sum")
@@ -221,3 +260,24 @@ class PriorNet(nn.Module):
         shifted = logits - top
         norm = scatter(shifted.exp(), batch, dim=0, dim_size=graphs, reduce="sum")
         return shifted - norm.log()[batch]
+
+    def layout_logits(
+        self,
+        h: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        device_groups: Sequence[Sequence[int]],
+        focus: torch.Tensor,
+    ) -> torch.Tensor:
+        """One logit per candidate of a layout level (:class:`~.layout_features.
+        LayoutCandidates`: features ``x``, device groups, ``focus`` over the op groups),
+        from the embeddings ``h`` of the search's root state (:meth:`encode`)."""
+        if not self.has_layout_head:
+            raise ValueError("this network has no layout head")
+        used_mean = torch.stack([h["dev"][list(groups)].mean(0) for groups in device_groups])
+        used_max = torch.stack([h["dev"][list(groups)].amax(0) for groups in device_groups])
+        mean_op = h["op"].mean(0).expand(len(x), -1)
+        features = torch.cat(
+            [torch.relu(self.layout_embed(x)), used_mean, used_max, focus @ h["op"], mean_op],
+            dim=1,
+        )
+        return self.layout_decoder(features).squeeze(1)

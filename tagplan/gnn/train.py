@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,8 +48,10 @@ __all__ = [
     "cases_for",
     "evaluate_fit",
     "fit",
+    "generate_cases",
     "held_out_cases",
     "load_examples",
+    "open_run",
     "train",
 ]
 
@@ -114,28 +117,45 @@ def cases_for(options: TrainOptions) -> list[Case]:
     return cases
 
 
+Generate = Callable[..., tuple[Any, dict]]  # (case, prior, iterations=, min_visits=)
+Save = Callable[[Path, Any, dict], None]  # (path, data, summary)
+
+
 def _generate_one(
-    case: Case, checkpoint: str | None, iterations: int, min_visits: int, out: str
+    generate: Generate,
+    save: Save,
+    case: Case,
+    checkpoint: str | None,
+    iterations: int,
+    min_visits: int,
+    out: str,
 ) -> dict:
     """Worker process: one case with the prior of ``checkpoint`` (None: uniform)."""
     prior = None if checkpoint is None else load_prior(checkpoint)
-    examples, summary = generate_case(case, prior, iterations=iterations, min_visits=min_visits)
-    save_case(Path(out), examples, summary)
+    data, summary = generate(case, prior, iterations=iterations, min_visits=min_visits)
+    save(Path(out), data, summary)
     return summary
 
 
-def _generate(
+def generate_cases(
     cases: Sequence[Case],
     data_dir: Path,
     checkpoint: Path | None,
     options: TrainOptions,
     progress: Callable[[str, int, int], None],
+    generate: Generate = generate_case,
+    save: Save = save_case,
 ) -> None:
+    """Search every case without a data file in ``data_dir`` yet with the prior of
+    ``checkpoint`` (``generate``: module-level functions, as they run in other
+    processes) and ``save`` what it gives, ``options.workers`` processes at a time."""
     todo = [c for c in cases if not case_file(data_dir, c).exists()]
     done = len(cases) - len(todo)
     progress("generate", done, len(cases))
     args = [
         (
+            generate,
+            save,
             c,
             None if checkpoint is None else str(checkpoint),
             options.iterations,
@@ -260,9 +280,26 @@ def fit(
     return model, history
 
 
-def _what_counts(options: dict) -> dict:
-    """The options a run's results depend on: all but how many processes generate."""
-    return {k: v for k, v in options.items() if k != "workers"}
+def _what_counts(record: dict) -> dict:
+    """What a run's results depend on: its record but the rounds and how many processes
+    generate."""
+    options = {k: v for k, v in record["options"].items() if k != "workers"}
+    return {**{k: v for k, v in record.items() if k != "rounds"}, "options": options}
+
+
+def open_run(record_path: Path, record: dict) -> dict:
+    """The record of a run: ``record`` (its options, what else its results depend on,
+    no rounds yet) for a new run; the record ``record_path`` holds, with ``record``'s
+    options, for a run that resumes. Refuses to resume a run with other options."""
+    if not record_path.exists():
+        return record
+    previous = json.loads(record_path.read_text())
+    if _what_counts(previous) != _what_counts(record):
+        raise InvalidInput(
+            f"{record_path.parent} holds a run with other options; resume with the same "
+            "ones or use another directory"
+        )
+    return {**previous, "options": record["options"]}
 
 
 def held_out_cases(cases: Sequence[Case]) -> set[Case]:
@@ -297,15 +334,7 @@ def train(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "run.json"
-    record = {"options": asdict(options), "rounds": []}
-    if record_path.exists():
-        previous = json.loads(record_path.read_text())
-        if _what_counts(previous["options"]) != _what_counts(record["options"]):
-            raise InvalidInput(
-                f"{out} holds a run with other options; resume with the same ones or use "
-                "another directory"
-            )
-        record = {**previous, "options": record["options"]}
+    record = open_run(record_path, {"options": asdict(options), "rounds": []})
     report = progress or (lambda *_: None)
     cases = cases_for(options)
     held_out = held_out_cases(cases)
@@ -313,7 +342,7 @@ def train(
     for round_index in range(options.rounds):
         round_dir = out / f"round-{round_index}"
         started = time.perf_counter()
-        _generate(cases, round_dir / "data", checkpoint, options, report)
+        generate_cases(cases, round_dir / "data", checkpoint, options, report)
         generated_s = time.perf_counter() - started
         train_set, val_set, summaries = load_examples(round_dir / "data", cases, held_out)
         started = time.perf_counter()

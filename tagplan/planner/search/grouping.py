@@ -32,7 +32,7 @@ from tagplan.planner.options import DEFAULT_MAX_GROUPS
 from tagplan.planner.topology import Cluster
 from tagplan.planner.unionfind import UnionFind
 
-__all__ = ["Grouping", "atoms_of", "cluster_mean_op_time_s", "group_ops", "grouping_of"]
+__all__ = ["Grouping", "atoms_of", "cluster_mean_op_time_s", "group_ops", "grouping_of", "op_edges"]
 
 DEFAULT_BALANCE = 2.0
 
@@ -74,7 +74,7 @@ def atoms_of(ir: GraphIR) -> np.ndarray:
     return sets.labels()
 
 
-def _op_edges(ir: GraphIR) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def op_edges(ir: GraphIR) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Directed data edges (producer op, consumer op, bytes) plus control edges (0 bytes)."""
     consumers = ir.tensor_consumer_op
     producers = np.repeat(ir.tensor_producer, np.diff(ir.tensor_consumer_ptr))
@@ -182,7 +182,7 @@ def group_ops(
     else:
         # METIS needs several vertices per part to bisect; small graphs get fewer parts
         parts = min(max_groups, count // 4)
-        src, dst, nbytes = _op_edges(ir)
+        src, dst, nbytes = op_edges(ir)
         groups = _metis(atoms, atom_time, src, dst, nbytes, parts, balance, seed)[atoms]
     return grouping_of(
         ir, op_time_s, _topological_numbering(np.unique(groups, return_inverse=True)[1])
@@ -196,7 +196,7 @@ def grouping_of(ir: GraphIR, op_time_s: np.ndarray, groups: np.ndarray) -> Group
     groups = np.asarray(groups, dtype=np.int32)
     if groups.shape != (ir.num_ops,) or (len(groups) and groups.min() < 0):
         raise InvalidInput(f"op groups need one id of at least 0 per op ({ir.num_ops} ops)")
-    src, dst, nbytes = _op_edges(ir)
+    src, dst, nbytes = op_edges(ir)
     num = int(groups.max()) + 1
     a, b = groups[src], groups[dst]
     cut = a != b

@@ -23,21 +23,24 @@ whatever the synchronization) cannot be the plan. Before the search, the micro-b
 counts bounded at or above the best baseline's step are left out
 (:func:`bounded_layouts`), and a layout with none left is not in the tree; during the
 search, a branch whose pipelines are all bounded at or above the best step found so far
-is closed (:meth:`LayoutBranches.least`). **Root prior.** TAG's decisions keep three
-quarters of the root's prior; the layouts share the rest in inverse proportion to their
-compute bound at their fewest micro-batches, so the one whose busiest GPU computes least
-is tried first among them. **Cost.** A pipeline is simulated per GPU, its tasks growing
-with the micro-batches (``micro_batch_s`` each), where TAG's strategies are simulated by
-symmetry class (``evaluation_s`` each): one pipeline can cost as much as dozens of TAG's
-strategies. So the pipelines get at most a fifth of the search's simulation time,
-counted with those two estimates and the seconds cutting the layouts took (``cut_s``;
-all fixed for a job, so a seed and an iteration budget still give the same search): past
-it, the root sends the search through TAG's decisions until they have caught up
-(:meth:`LayoutBranches.may_simulate`; docs/design.md §7 has the case that called for
-it). The share does not hold while nothing TAG's decisions found fits in memory: there a
-pipeline may be the only plan. A branch whose every pipeline would end after the
-search's deadline is closed, not simulated. The layouts themselves are cut one at a time
-while the share of the search's budget lasts (:func:`bounded_layouts`).
+is closed (:meth:`LayoutBranches.least`). **Prior.** TAG's decisions keep three quarters
+of the root's prior; the layouts share the rest in inverse proportion to their compute
+bound at their fewest micro-batches, so the one whose busiest GPU computes least is
+tried first among them; below a layout every choice is equally likely
+(:meth:`LayoutBranches.prior`). A search prior with an opinion on these vertices (the
+GNN's layout head, a :class:`~.prior.LayoutPrior`) replaces both. **Cost.** A pipeline
+is simulated per GPU, its tasks growing with the micro-batches (``micro_batch_s`` each),
+where TAG's strategies are simulated by symmetry class (``evaluation_s`` each): one
+pipeline can cost as much as dozens of TAG's strategies. So the pipelines get at most a
+fifth of the search's simulation time, counted with those two estimates and the seconds
+cutting the layouts took (``cut_s``; all fixed for a job, so a seed and an iteration
+budget still give the same search): past it, the root sends the search through TAG's
+decisions until they have caught up (:meth:`LayoutBranches.may_simulate`; docs/design.md
+§7 has the case that called for it). The share does not hold while nothing TAG's
+decisions found fits in memory: there a pipeline may be the only plan. A branch whose
+every pipeline would end after the search's deadline is closed, not simulated. The
+layouts themselves are cut one at a time while the share of the search's budget lasts
+(:func:`bounded_layouts`).
 
 Keys: a pipelined strategy's key (in the search's score table and in
 :attr:`~.mcts.SearchOutcome.actions`) is ``(-1 - layout, micro-batch choice, sync choice
@@ -114,6 +117,15 @@ class LayoutBranches:
         """Edge 0 (TAG's decisions) and one edge per layout (module docstring)."""
         inverse = 1.0 / np.maximum([bounds[0] for bounds in self.bound_s], 1e-12)
         return np.concatenate([[_FLAT_PRIOR], (1 - _FLAT_PRIOR) * inverse / inverse.sum()])
+
+    def prior(self, path: Sequence[int]) -> np.ndarray:
+        """The prior of the vertex ``path`` reaches (a :class:`~.prior.LayoutQuery`'s
+        path) without a learned one: :meth:`root_prior` at the root, uniform below a
+        layout."""
+        if not path:
+            return self.root_prior()
+        count = self.level_sizes(path[0] - 1)[len(path) - 1]
+        return np.full(count, 1.0 / count)
 
     def level_sizes(self, layout: int) -> tuple[int, ...]:
         """How many choices each level below ``layout`` offers."""

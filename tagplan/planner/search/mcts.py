@@ -13,7 +13,9 @@ Each iteration
    speed-up over the reference strategy (DP-NCCL), or, when a GPU runs out of memory,
    minus the overflow as a fraction of the overflowing GPUs' capacity — worse than any
    plan that fits, and less bad the closer it comes to fitting;
-3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``;
+3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``
+   (above and below a stage layout, its :class:`~.prior.LayoutPrior` part, where it has
+   one);
 4. **backs up** the reward along the path (N and the running mean Q).
 
 With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the root
@@ -78,7 +80,14 @@ from tagplan.planner.evaluate import Evaluation, Evaluator
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
 from tagplan.planner.search.layout_branches import LayoutBranches, is_pipelined_key
-from tagplan.planner.search.prior import Prior, PriorQuery, SearchContext, UniformPrior
+from tagplan.planner.search.prior import (
+    LayoutPrior,
+    LayoutQuery,
+    Prior,
+    PriorQuery,
+    SearchContext,
+    UniformPrior,
+)
 from tagplan.planner.sim.simulate import SimResult
 from tagplan.planner.strategy import OpGroup, Option, Strategy, load_strategy
 
@@ -200,7 +209,7 @@ class _Vertex:
         self,
         prior: np.ndarray,
         tie_break: np.ndarray,
-        query: PriorQuery | None = None,
+        query: PriorQuery | LayoutQuery | None = None,
         *,
         by_best: bool = False,
     ) -> None:
@@ -257,8 +266,8 @@ class StrategySearch:
         self.prior = prior or UniformPrior()
         self.seed, self.c_puct, self.name = seed, c_puct, name
         self.shuffle_ties = shuffle_ties
-        self.order = np.argsort(-grouping.group_time_s, kind="stable").astype(np.int32)
         self.context = SearchContext(grouping, space, reference_step_s)
+        self.order = self.context.decision_order()
         self._root: _Vertex | None = None
         ir = evaluator.ir
         self._group_ops = [
@@ -332,15 +341,14 @@ class StrategySearch:
         return self.layouts.key(path[0] - 1, path[1:])
 
     def _expand(self, path: tuple[int, ...], feedback: SimResult | None) -> _Vertex:
-        """The vertex ``path`` reaches: the layouts at the root (when there are any), a
-        uniform prior below a layout, the prior's probabilities for TAG's decisions."""
+        """The vertex ``path`` reaches, with its prior: the layouts' at the root (when there
+        are any) and below a layout (:meth:`_layout_prior`), the prior's probabilities for
+        TAG's decisions."""
         query = None
         root = self.layouts is not None and not path
-        if root:
-            prior = self.layouts.root_prior()
-        elif self.layouts is not None and path[0] > 0:
-            count = self.layouts.level_sizes(path[0] - 1)[len(path) - 1]
-            prior = np.full(count, 1.0 / count)
+        if self.layouts is not None and (root or path[0] > 0):
+            query = LayoutQuery(self.context, self.layouts, path)
+            prior = self._layout_prior(query)
         else:
             decided = path[1:] if self.layouts is not None else path
             query = PriorQuery(
@@ -357,6 +365,21 @@ class StrategySearch:
         n = len(prior)
         ties = self._rng.random(n) if self.shuffle_ties else -np.arange(n) / n
         return _Vertex(prior, ties * 1e-9, query, by_best=root)
+
+    def _layout_prior(self, query: LayoutQuery) -> np.ndarray:
+        """The prior of a vertex of the pipelined part of the tree: the search's prior
+        where it has an opinion there, the layouts' own otherwise."""
+        if isinstance(self.prior, LayoutPrior):
+            learned = self.prior.layout_probabilities(query)
+            if learned is not None:
+                count = len(query.branches.prior(query.path))
+                learned = np.asarray(learned, dtype=np.float64)
+                if learned.shape != (count,) or not np.isclose(learned.sum(), 1.0):
+                    raise InvalidInput(
+                        "a layout prior must give one probability per candidate, summing to 1"
+                    )
+                return learned
+        return query.branches.prior(query.path)
 
     def _not_worth_simulating(
         self,
@@ -393,12 +416,13 @@ class StrategySearch:
             if not vertex.closed.all():
                 return
 
-    def visit_targets(self, min_visits: int) -> list[tuple[PriorQuery, np.ndarray]]:
+    def visit_targets(self, min_visits: int) -> list[tuple[PriorQuery | LayoutQuery, np.ndarray]]:
         """The training targets of TAG §4.2.2 from the last :meth:`run`: at every vertex
         whose edges were visited at least ``min_visits`` times in all, the query the prior
-        was asked there and the visit distribution ``π(a) = N(s, a) / Σ N(s, ·)``. Vertices
-        in depth-first order, children by action index, so a seed gives the same list."""
-        targets: list[tuple[PriorQuery, np.ndarray]] = []
+        was asked there (a :class:`~.prior.LayoutQuery` above and below the layouts) and
+        the visit distribution ``π(a) = N(s, a) / Σ N(s, ·)``. Vertices in depth-first
+        order, children by action index, so a seed gives the same list."""
+        targets: list[tuple[PriorQuery | LayoutQuery, np.ndarray]] = []
         stack = [] if self._root is None else [self._root]
         while stack:
             vertex = stack.pop()

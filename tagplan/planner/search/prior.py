@@ -4,12 +4,17 @@ The search asks a :class:`Prior` for the probabilities of the candidate actions 
 next op group given the decisions made so far and the runtime feedback of the partial
 strategy's simulation. :class:`UniformPrior` is TAG's "Pure MCTS" (Table 7); the GNN
 (``tagplan.gnn``) implements the same protocol.
+
+Where the tree also holds pipelines (:mod:`.layout_branches`), the vertices above and
+below a stage layout ask a :class:`LayoutPrior` too, with a :class:`LayoutQuery`; a prior
+without an opinion there (``None``, or no such method) leaves them the prior the layouts'
+compute bounds give (:meth:`~.layout_branches.LayoutBranches.prior`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -17,7 +22,10 @@ from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
 from tagplan.planner.sim.simulate import SimResult
 
-__all__ = ["Prior", "PriorQuery", "SearchContext", "UniformPrior"]
+if TYPE_CHECKING:  # the layouts' module imports the evaluator; this one stays light
+    from tagplan.planner.search.layout_branches import LayoutBranches
+
+__all__ = ["LayoutPrior", "LayoutQuery", "Prior", "PriorQuery", "SearchContext", "UniformPrior"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,6 +37,14 @@ class SearchContext:
     grouping: Grouping
     space: ActionSpace
     reference_step_s: float
+
+    def decision_order(self) -> np.ndarray:
+        """The op groups in the order the tree decides them: descending compute time."""
+        return np.argsort(-self.grouping.group_time_s, kind="stable").astype(np.int32)
+
+    def root_query(self) -> PriorQuery:
+        """The query of the state before any decision (no feedback)."""
+        return PriorQuery(self, self.decision_order(), 0, (), self.space.actions, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +65,19 @@ class PriorQuery:
     feedback: SimResult | None
 
 
+@dataclass(frozen=True, eq=False)
+class LayoutQuery:
+    """A vertex of the pipelined part of the tree: the root (``path`` empty: TAG's
+    decisions, then one candidate per layout) or a vertex below layout ``path[0] - 1``
+    with the choices ``path[1:]`` made (its micro-batch count, then each stage's
+    gradient synchronization in stage order): the candidates are that level's choices
+    (:meth:`~.layout_branches.LayoutBranches.level_sizes`)."""
+
+    context: SearchContext
+    branches: LayoutBranches
+    path: tuple[int, ...]
+
+
 class Prior(Protocol):
     name: str  # what a plan reports as its prior (``uniform``, ``gnn:<digest>``)
 
@@ -65,3 +94,10 @@ class UniformPrior:
     def probabilities(self, query: PriorQuery) -> np.ndarray:
         n = len(query.actions)
         return np.full(n, 1.0 / n)
+
+
+@runtime_checkable
+class LayoutPrior(Protocol):
+    def layout_probabilities(self, query: LayoutQuery) -> np.ndarray | None:
+        """A probability per candidate of ``query``'s level, or ``None``: no opinion."""
+        ...
