@@ -25,6 +25,8 @@ import math
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
+from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,6 +40,7 @@ from tagplan.gnn.train_layouts import without_layout_head
 from tagplan.planner.search.layout_branches import is_pipelined_key
 from tagplan.planner.search.mcts import SearchProgress, StrategySearch
 
+_LAYOUT_RUN = ("checkpoints", "prior-layout-run.json")
 MODELS = ["vgg19", "resnet101", "inception_v3", "transformer", "bert_small", "bert_large"]
 
 
@@ -89,11 +92,12 @@ def run_case(label: str, case: Case, iterations: int, checkpoint: str | None) ->
         search, trace = _searched(case, prior, iterations)
         searches[name] = (search, trace)
         count, share = _pipelines(search)
-        best_key = min(search._scores, key=lambda k: search._scores[k].step_time_s)
+        fitting = [k for k, scored in search._scores.items() if not scored.oom]
+        best_key = min(fitting, key=lambda k: search._scores[k].step_time_s, default=None)
         record[f"{name}_best_s"] = min(trace)
         record[f"{name}_pipelines"] = count
         record[f"{name}_pipeline_share"] = share
-        record[f"{name}_pipelined"] = is_pipelined_key(best_key) and math.isfinite(min(trace))
+        record[f"{name}_pipelined"] = best_key is not None and is_pipelined_key(best_key)
     search = searches["own"][0]
     record["layouts"] = 0 if search.layouts is None else len(search.layouts)
     record["gpus"] = search.space.cluster.num_devices
@@ -156,9 +160,35 @@ def write(records: list[dict], args) -> None:
             f"candidate in {100 * fit['val_top1_agreement']:.0f}% of them, the own prior's in "
             f"{100 * fit['val_own_prior_top1_agreement']:.0f}%)"
         )
+    run_record = Path(str(resources.files("tagplan.gnn").joinpath(*_LAYOUT_RUN)))
+    if args.checkpoint is None and run_record.exists():
+        rounds = json.loads(run_record.read_text())["rounds"]
+        summary.append(
+            "the head's training run (`prior-layout-run.json` beside the checkpoint): "
+            + "; ".join(
+                f"round {r['round']} generated in {r['generate_s'] / 60:.0f} min, fitted in "
+                f"{r['fit_s']:.0f} s"
+                for r in rounds
+            )
+            + " on two cores"
+        )
     body = "\n".join(
         [
-            __doc__.split("\n\n", 1)[1].strip(),
+            "Each case is searched twice, as `tagplan plan` builds the search with its "
+            "layouts (`tagplan.gnn.dataset.search_for`: layouts bounded by the reference "
+            "step, simulation costs as their fixed ratio, so both searches are "
+            "deterministic): with the shipped checkpoint (network and layout head), and with "
+            "its network alone, whose layout vertices take the layouts' own prior (their "
+            "compute bounds). The op groups' decisions get the same network in both. Per "
+            "case: the best step each reached, the iterations until within 1% of the better "
+            "of the two, the pipelines each simulated and their estimated share of the "
+            "search's simulation time (a pipeline's per-GPU simulation against an evaluation "
+            "by class: what the pipelines cost the search), and whether its best plan that "
+            "fits is a pipeline. Cases: the zoo models on random clusters of seeds no "
+            "training run draws from (every other one 8-12 machines), and the pipeline "
+            "benchmark's allocations where pipelines matter (links between machines at a "
+            "tenth of their drawn rate; VGG19 on four 3.8 GiB GPUs, where nothing fits "
+            "without a pipeline).",
             "",
             f"{args.iterations} iterations per search, {len(records)} cases.",
             "",
