@@ -1,13 +1,13 @@
 """GNN prior checkpoints: a ``state_dict`` with the metadata that says what it is.
 
 A checkpoint file is ``torch.save`` of ``{"state_dict": ..., "meta": ...}`` holding only
-tensors and plain values, so it loads with ``torch.load(weights_only=True)``: a file from
-anywhere cannot run code. ``meta`` records the format, the feature schema
+tensors and plain values, so it loads with ``torch.load(weights_only=True)``: a file
+from anywhere cannot run code. ``meta`` records the format, the feature schema
 (:data:`~.features.SCHEMA_VERSION` and every feature's name, so a network is never fed
 features it was not trained on; a network with a layout head also records the layout
-candidates' features, :mod:`.layout_features`), the network's shape, the training run (data, seeds,
-metrics) and the sha256 of the weights. :func:`load_checkpoint` refuses a file whose
-format, schema or digest does not match, naming what differs.
+candidates' features, :mod:`.layout_features`), the network's shape, the training run
+(data, seeds, metrics) and the sha256 of the weights. :func:`load_checkpoint` refuses a
+file whose format, schema or digest does not match, naming what differs.
 
 :func:`save_checkpoint` writes the metadata beside the file as JSON too, so the trained
 checkpoint the package ships (``tagplan/gnn/checkpoints/prior.pt``, the default prior) is
