@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tagplan.gnn import load_prior
 from tagplan.gnn.checkpoint import CheckpointRefused, load_checkpoint, save_checkpoint
 from tagplan.gnn.dataset import Case, search_for
 from tagplan.gnn.layout_features import LAYOUT_FEATURES, LayoutStatics
@@ -17,6 +18,7 @@ from tagplan.gnn.model import PriorNet
 from tagplan.gnn.prior import GnnPrior
 from tagplan.gnn.train import TrainOptions
 from tagplan.gnn.train_layouts import train_layouts, with_layout_head
+from tagplan.planner.errors import InvalidInput
 from tagplan.planner.search.layout_branches import SYNC_CHOICES
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.search.prior import LayoutQuery, PriorQuery
@@ -99,44 +101,50 @@ def test_below_a_layout_the_choices_are_micro_batches_then_each_stage_s_sync(
     assert np.allclose(sync.focus[0], time / time.sum(), atol=1e-6)
 
 
-def test_the_search_asks_a_layout_prior_and_checks_what_it_gives(search) -> None:
-    asked: list[LayoutQuery] = []
+def _favoured(query: LayoutQuery) -> np.ndarray:
+    """The last candidate of every level first (the last layout at the root)."""
+    count = len(query.branches.prior(query.path))
+    p = np.full(count, 0.1 / count)
+    p[-1] += 0.9
+    return p
 
-    class Favouring:
-        """TAG's decisions first at the root, the last choice below a layout."""
 
-        name = "favouring"
+class Favouring:
+    """A prior with an opinion on the layouts (:func:`_favoured`), uniform elsewhere."""
 
-        def probabilities(self, query: PriorQuery) -> np.ndarray:
-            return np.full(len(query.actions), 1.0 / len(query.actions))
+    name = "favouring"
 
-        def layout_probabilities(self, query: LayoutQuery) -> np.ndarray:
-            asked.append(query)
-            count = len(query.branches.prior(query.path))
-            p = np.full(count, 0.1 / count)
-            p[0 if not query.path else -1] += 0.9
-            return p
+    def __init__(self) -> None:
+        self.asked: list[LayoutQuery] = []
 
-    again = search_for(CASE, Favouring(), layouts=True)
-    again.run(iterations=30)
-    assert asked[0].path == () and asked[0].branches is again.layouts
-    assert np.allclose(again._root.prior, _favoured(asked[0]))
-    targets = [q for q, _ in again.visit_targets(1) if isinstance(q, LayoutQuery)]
-    assert targets and targets[0].path == ()
+    def probabilities(self, query: PriorQuery) -> np.ndarray:
+        return np.full(len(query.actions), 1.0 / len(query.actions))
+
+    def layout_probabilities(self, query: LayoutQuery) -> np.ndarray:
+        self.asked.append(query)
+        return _favoured(query)
+
+
+def test_the_search_asks_a_layout_prior_and_checks_what_it_gives() -> None:
+    prior = Favouring()
+    searched = search_for(CASE, prior, layouts=True)
+    searched.run(iterations=30)
+    root = searched._root
+    assert prior.asked[0].path == () and prior.asked[0].branches is searched.layouts
+    assert np.allclose(root.prior, _favoured(prior.asked[0]))
+    below = [child for edge, child in root.children.items() if edge > 0]
+    assert below  # a layout was expanded, with the prior's own probabilities
+    for child in below:
+        assert child.query in prior.asked and np.allclose(child.prior, _favoured(child.query))
+    layout_targets = [q for q, _ in searched.visit_targets(1) if isinstance(q, LayoutQuery)]
+    assert layout_targets[0] is root.query
 
     class Wrong(Favouring):
         def layout_probabilities(self, query: LayoutQuery) -> np.ndarray:
             return np.ones(1)
 
-    with pytest.raises(Exception, match="one probability per candidate"):
+    with pytest.raises(InvalidInput, match="one probability per candidate"):
         search_for(CASE, Wrong(), layouts=True).run(iterations=1)
-
-
-def _favoured(query: LayoutQuery) -> np.ndarray:
-    count = len(query.branches.prior(()))
-    p = np.full(count, 0.1 / count)
-    p[0] += 0.9
-    return p
 
 
 def test_a_network_without_a_head_leaves_the_layouts_their_own_prior(search) -> None:
@@ -209,3 +217,11 @@ def test_training_a_head_leaves_the_base_network_and_is_deterministic(tmp_path) 
     assert load_checkpoint(again)[1]["state_sha256"] == meta["state_sha256"]
     with pytest.raises(Exception, match="other options"):
         train_layouts(tmp_path / "run", base_path, TrainOptions(models=("mlp",), workers=1))
+
+
+def test_the_shipped_checkpoint_has_a_layout_head_that_puts_tag_decisions_first(search) -> None:
+    """Its training searches found no case where a pipeline was the best plan."""
+    prior = load_prior()
+    assert prior.model.has_layout_head
+    p = prior.layout_probabilities(LayoutQuery(search.context, search.layouts, ()))
+    assert p.shape == (1 + len(search.layouts),) and int(np.argmax(p)) == 0
