@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import select
 
 from tagplan.db import job_state
@@ -487,10 +490,16 @@ def finish_step(settings: Settings, job_id: str, shards: int) -> Finished:
     return Finished(refinement, result.graphdef_deferred)
 
 
-def graphdef_step(settings: Settings, job_id: str) -> None:
+def graphdef_step(settings: Settings, job_id: str, *, deadline: float = math.inf) -> None:
     """Compile the GraphDef of a job answered without it (``graphdef_deferred``) for the
     strategy it stored, and attach it with its device map; nothing when it is attached or
-    its failure recorded (a message delivered twice)."""
+    its failure recorded (a message delivered twice).
+
+    A compile that ends after ``deadline`` (``time.monotonic()``: the step's soft time
+    limit) is not attached: the step raises the limit's exception as the limit's signal
+    would have. The signal can land where Python ignores exceptions (a weakref callback
+    run by the garbage collector in the compile), and the step must still say it ran out
+    of time."""
     from tagplan.planner.compile.graphdef import compile_graphdef
     from tagplan.planner.strategy import resolve
 
@@ -507,6 +516,8 @@ def graphdef_step(settings: Settings, job_id: str) -> None:
     inputs = load_inputs(settings, job_id)
     resolved = resolve(load_strategy(strategy), inputs.ir, inputs.cluster)
     compiled = compile_graphdef(inputs.graph_def, inputs.ir, inputs.cluster, resolved)
+    if time.monotonic() > deadline:
+        raise SoftTimeLimitExceeded()
     with session_scope(url) as session:
         row = session.get(Result, job_id)
         row.graphdef_digest = put_blob(session, compiled.graph_def_bytes)

@@ -20,6 +20,7 @@ Tasks always return normally (chord bodies run only when every shard returned).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from celery import Task
@@ -161,11 +162,13 @@ def attach_graphdef(self: Task, job_id: str) -> None:
     limit of its own (``graphdef_time_limit_s``). A failure leaves the answer as it is and
     says why in the result (``graphdef_error``)."""
     settings = get_settings()
+    soft_limit_s = (self.request.timelimit or (None, None))[1]
+    deadline = time.monotonic() + (soft_limit_s or settings.graphdef_time_limit_s)
     _run(
         self,
         job_id,
         job_state.FOLLOWING_STEP,
         "compile",
-        lambda: steps.graphdef_step(settings, job_id),
+        lambda: steps.graphdef_step(settings, job_id, deadline=deadline),
         fail=lambda failed_id, reason: steps.graphdef_failed(settings, failed_id, reason),
     )
