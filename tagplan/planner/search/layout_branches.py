@@ -124,8 +124,15 @@ class LayoutBranches:
         layout."""
         if not path:
             return self.root_prior()
-        count = self.level_sizes(path[0] - 1)[len(path) - 1]
+        count = self.choices(path)
         return np.full(count, 1.0 / count)
+
+    def choices(self, path: Sequence[int]) -> int:
+        """How many candidates the vertex ``path`` reaches offers: TAG's decisions and
+        every layout at the root, a level's choices below a layout."""
+        if not path:
+            return 1 + len(self.layouts)
+        return self.level_sizes(path[0] - 1)[len(path) - 1]
 
     def level_sizes(self, layout: int) -> tuple[int, ...]:
         """How many choices each level below ``layout`` offers."""

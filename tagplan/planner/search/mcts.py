@@ -372,7 +372,7 @@ class StrategySearch:
         if isinstance(self.prior, LayoutPrior):
             learned = self.prior.layout_probabilities(query)
             if learned is not None:
-                count = len(query.branches.prior(query.path))
+                count = query.branches.choices(query.path)
                 learned = np.asarray(learned, dtype=np.float64)
                 if learned.shape != (count,) or not np.isclose(learned.sum(), 1.0):
                     raise InvalidInput(
