@@ -55,6 +55,14 @@ def plan_command(
         bool, typer.Option("--sfb/--no-sfb", help="Decide sufficient-factor broadcast.")
     ] = True,
     shards: Annotated[int, typer.Option(help="Root-parallel search trees.")] = 1,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Search trees run at once, each in a process of its own (for a machine's "
+            "spare cores; raises --shards to as many).",
+        ),
+    ] = 1,
     pipeline: Annotated[
         bool,
         typer.Option(
@@ -94,7 +102,7 @@ def plan_command(
             iterations=iterations,
             seed=seed,
             sfb=sfb,
-            shards=shards,
+            shards=max(shards, processes),
             pipeline=pipeline,
             every_baseline=every_baseline,
         )
@@ -132,6 +140,7 @@ def plan_command(
                 progress=show,
                 deadline=deadline,
                 prior=search_prior,
+                processes=processes,
             )
         if result.graphdef_deferred:
             started = time.perf_counter()

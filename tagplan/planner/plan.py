@@ -10,15 +10,16 @@
   simulates it anyway: :meth:`Planner._bounded_out`);
 * **search**: MCTS (TAG §4.2.2) over the groups' decisions, ``shards`` trees with seeds
   ``seed, seed + 1, ...`` (root parallelism), merged by best result; the first tree
-  breaks ties in the candidate generator's order, the others shuffle them;
-  On an allocation of several machines (or device groups) the tree's root first decides
-  the layout: TAG's per-group decisions or one of tagplan's pipelines
-  (:mod:`~.search.pipeline_stages`: stage counts and cuts sized by the GPUs' speeds), below
-  which it decides the micro-batches and each stage's gradient synchronization
-  (:mod:`~.search.layout_branches`; pipelines take at most a fifth of its simulation
-  time while a plan of TAG's fits); the layouts are cut once, after the baselines, while
-  that share of the search's budget lasts, and a micro-batch count whose busiest GPU
-  computes for longer than the best baseline step is left out
+  breaks ties in the candidate generator's order, the others shuffle them; the trees
+  take turns in one process, or run at once in processes forked after the phases before
+  (``processes``: :meth:`Planner.search_shards`). On an allocation of several machines
+  (or device groups) the tree's root first decides the layout: TAG's per-group decisions
+  or one of tagplan's pipelines (:mod:`~.search.pipeline_stages`: stage counts and cuts
+  sized by the GPUs' speeds), below which it decides the micro-batches and each stage's
+  gradient synchronization (:mod:`~.search.layout_branches`; pipelines take at most a
+  fifth of its simulation time while a plan of TAG's fits); the layouts are cut once,
+  after the baselines, while that share of the search's budget lasts, and a micro-batch
+  count whose busiest GPU computes for longer than the best baseline step is left out
   (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
@@ -75,6 +76,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 
 from tagplan.planner.background import BackgroundWork
 from tagplan.planner.budget import Deadline, PhaseLog, PhaseReport
@@ -84,6 +86,7 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.profile import ProfileSource
 from tagplan.planner.errors import BudgetExhausted, Cancelled, Infeasible, InvalidInput
 from tagplan.planner.evaluate import Evaluator, warm_up
+from tagplan.planner.forked import can_fork, run_forked
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.options import PlanOptions
 from tagplan.planner.result import PlanResult, estimated_inputs
@@ -594,6 +597,56 @@ class Planner:
         self.phases.leave()
         return outcome
 
+    def search_shards(self, seeds: Sequence[int], *, processes: int = 1) -> list[SearchOutcome]:
+        """A tree per seed (root parallelism): one after another in this process, each for
+        its share of the search budget; or, with ``processes`` above 1 where this process
+        can fork (:mod:`~.forked`), that many at once in children forked from the planner
+        as the phases before the search left it, each searching for the whole budget
+        divided by the rounds the trees need. The children's progress is merged here
+        (iterations summed over the trees, the best step of any) and ``cancel`` polled
+        here; a child touches nothing of the caller's."""
+        workers = min(processes, len(seeds))
+        if workers <= 1 or not can_fork():
+            budget = self.search_budget_s(len(seeds))
+            return [self.search_shard(seed, budget_s=budget) for seed in seeds]
+        budget = self.search_budget_s(math.ceil(len(seeds) / workers))
+        latest: dict[int, tuple[int, float | None]] = {}
+
+        def merged(seed: int, progress: tuple[int, float | None]) -> None:
+            latest[seed] = progress
+            bests = [best for _, best in latest.values() if best is not None]
+            iterations = sum(done for done, _ in latest.values())
+            self._report("search", iterations, min(bests, default=None))
+
+        self._enter("search")
+        try:
+            return run_forked(
+                seeds,
+                partial(self._forked_shard, budget_s=budget),
+                processes=workers,
+                on_report=merged,
+                cancel=self._cancel,
+            )
+        finally:
+            self.phases.leave()
+
+    def _forked_shard(
+        self,
+        seed: int,
+        report: Callable[[tuple[int, float | None]], None],
+        cancelled: Callable[[], bool],
+        *,
+        budget_s: float,
+    ) -> SearchOutcome:
+        """In a forked child: one tree, its progress sent to the parent."""
+
+        def progress(p: PlanProgress) -> None:
+            if p.phase == "search":
+                report((p.iterations, p.best_step_time_s))
+
+        self._progress, self._cancel = progress, cancelled
+        return self.search_shard(seed, budget_s=budget_s)
+
     def finish(
         self, outcomes: Sequence[SearchOutcome], *, graph_def: object | None = None
     ) -> PlanResult:
@@ -754,13 +807,16 @@ def plan(
     progress: Callable[[PlanProgress], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     deadline: Deadline | None = None,
+    processes: int = 1,
 ) -> PlanResult:
     """Plan ``ir`` on ``cluster`` (module docstring); ``graph_def`` (the graph ``ir`` was
     analyzed from) adds the distributed GraphDef to the result, unless its compile does
     not fit in what the budget leaves (``result.graphdef_deferred``: compile it then with
     ``result.with_graphdef``). ``deadline`` (default:
     ``options.budget_s`` from now) lets a caller count work done before, such as reading
-    and analyzing the graph."""
+    and analyzing the graph. ``processes`` above 1 runs that many of the ``shards`` trees
+    at once in forked processes (:meth:`Planner.search_shards`): a machine's spare cores
+    search for the whole budget instead of the trees taking turns."""
     planner = Planner(
         ir,
         cluster,
@@ -774,9 +830,6 @@ def plan(
         graphdef=graph_def is not None,
     )
     planner.start_comm_bound()  # solved while the search runs
-    shards = planner.options.shards
-    budget = planner.search_budget_s(shards)
-    outcomes = [
-        planner.search_shard(planner.options.seed + k, budget_s=budget) for k in range(shards)
-    ]
+    seeds = [planner.options.seed + k for k in range(planner.options.shards)]
+    outcomes = planner.search_shards(seeds, processes=processes)
     return planner.finish(outcomes, graph_def=graph_def)

@@ -11,6 +11,7 @@ import pytest
 
 from tagplan.planner.budget import Deadline
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
+from tagplan.planner.forked import can_fork
 from tagplan.planner.plan import PHASES, Planner, PlanOptions, SearchOutcome, plan
 from tagplan.planner.search.baselines import DATA_PARALLEL_BASELINES
 from tagplan.planner.topology import load_cluster
@@ -96,6 +97,43 @@ def test_a_seed_gives_the_same_plan_and_shards_merge() -> None:
         ir, cluster, options=PlanOptions(iterations=15, budget_s=600, seed=4, sfb=False, shards=2)
     )
     assert together.step_time_s == merged.step_time_s
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs the fork start method")
+def test_trees_in_processes_of_their_own_find_what_they_find_taking_turns() -> None:
+    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    options = PlanOptions(iterations=15, budget_s=600, seed=4, sfb=False, shards=2)
+    in_turn = plan(ir, cluster, options=options)
+    searched: list[int] = []
+
+    def progress(p) -> None:
+        if p.phase == "search":
+            searched.append(p.iterations)
+
+    at_once = plan(ir, cluster, options=options, processes=2, progress=progress)
+    assert at_once.strategy == in_turn.strategy and at_once.step_time_s == in_turn.step_time_s
+    assert at_once.iterations == in_turn.iterations == 30
+    assert at_once.evaluations == in_turn.evaluations
+    assert max(searched) == 30  # both trees' iterations, merged in the parent
+    assert at_once.phases["search"]["status"] == "done"
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs the fork start method")
+def test_cancel_stops_trees_in_processes() -> None:
+    seen = []
+
+    def cancel() -> bool:
+        return any(p.phase == "search" and p.iterations > 2 for p in seen)
+
+    with pytest.raises(Cancelled):
+        plan(
+            zoo_ir("mlp"),
+            load_cluster("testbed"),
+            options=PlanOptions(iterations=100_000, budget_s=600, shards=2, patience=None),
+            progress=seen.append,
+            cancel=cancel,
+            processes=2,
+        )
 
 
 def test_cancel_stops_the_plan() -> None:
