@@ -37,7 +37,9 @@ closes its own.
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Search stops at an
-iteration or wall-clock budget, when ``cancel()`` returns true (then
+iteration or wall-clock budget (a strategy of TAG's decisions not simulated yet is not
+started when the mean of the tree's simulations so far would end it past the budget: one
+evaluation of a large allocation takes seconds), when ``cancel()`` returns true (then
 :class:`~tagplan.planner.errors.Cancelled`), or once it has **converged**: with
 ``patience`` ``p``, when the best strategy found at iteration ``i`` has not been improved
 on for ``max(p, i)`` iterations. The window grows with the tree: a search that needed
@@ -276,6 +278,7 @@ class StrategySearch:
         self._scores: dict[tuple[int, ...], _Scored] = {} if scores is None else scores
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
+        self._simulated = [0, 0.0]  # TAG's strategies simulated, their seconds
 
     # strategies -------------------------------------------------------------------------
 
@@ -305,8 +308,20 @@ class StrategySearch:
         """Simulate the strategy of ``key`` once; later calls hit the cache."""
         found = self._scores.get(key)
         if found is None:
+            started = time.perf_counter()
             found = self._scores[key] = self._simulate(key)
+            if not is_pipelined_key(key):
+                self._simulated[0] += 1
+                self._simulated[1] += time.perf_counter() - started
         return found
+
+    def _would_overrun(self, key: tuple[int, ...], deadline: float) -> bool:
+        """Whether simulating ``key`` (of TAG's decisions, not simulated yet) for as long
+        as the tree's simulations took on average would end past ``deadline``."""
+        count, seconds = self._simulated
+        if not count or key in self._scores or is_pipelined_key(key):
+            return False
+        return time.perf_counter() + seconds / count > deadline
 
     def _simulate(self, key: tuple[int, ...]) -> _Scored:
         try:
@@ -514,6 +529,8 @@ class StrategySearch:
                 if self._not_worth_simulating(decided, key, deadline, best_key):
                     self._close(path)
                     continue
+                if best_key is not None and self._would_overrun(key, deadline):
+                    break
                 if self.layouts is not None and key not in self._scores:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
                 scored = self.score(key)

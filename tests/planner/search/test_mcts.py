@@ -4,6 +4,7 @@ cancellation, root-parallel merge and the repair of plans that do not fit."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -180,6 +181,21 @@ def test_cancellation_and_progress() -> None:
         search.run()
     with pytest.raises(BudgetExhausted, match="no search iteration"):
         search.run(budget_s=0.0)
+
+
+def test_a_simulation_that_would_end_past_the_budget_is_not_started() -> None:
+    search = make_search("mlp", load_cluster("testbed"))
+    evaluate = search.evaluator.evaluate
+
+    def slow(strategy, **kwargs):  # every new strategy takes a second to simulate
+        time.sleep(1.0)
+        return evaluate(strategy, **kwargs)
+
+    search.evaluator.evaluate = slow
+    outcome = search.run(budget_s=2.5, patience=None)
+    # the third simulation would have started at about 2 s and ended at about 3 s
+    assert outcome.evaluations == 2 and outcome.stop_reason == "budget"
+    assert outcome.elapsed_s < 2.5
 
 
 def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
