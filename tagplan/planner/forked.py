@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -33,8 +34,10 @@ Work = Callable[[T, Callable[[Any], None], Callable[[], bool]], R]
 
 _POLL_S = 0.1  # how often this process reads reports and polls cancel()
 
-# what a forked child inherits: the work, the reports' queue, the cancellation event
+# what a forked child inherits: the work, the reports' queue, the cancellation event; one
+# caller at a time sets it (callers on other threads wait their turn)
 _inherited: tuple[Callable[..., Any], Any, Any] | None = None
+_one_caller = threading.Lock()
 
 
 def can_fork() -> bool:
@@ -57,9 +60,20 @@ def run_forked(
     in forked children; the values in the items' order. What a child raised is raised
     here (the first item's in order); a child that dies raises
     :class:`~.errors.PlannerError`."""
-    global _inherited
     if not can_fork():
         raise PlannerError("this process cannot fork children (see tagplan.planner.forked)")
+    with _one_caller:
+        return _run(items, work, processes, on_report, cancel)
+
+
+def _run(
+    items: Sequence[T],
+    work: Work[T, R],
+    processes: int,
+    on_report: Callable[[T, Any], None] | None,
+    cancel: Callable[[], bool] | None,
+) -> list[R]:
+    global _inherited
     context = multiprocessing.get_context("fork")
     reports, cancelled = context.SimpleQueue(), context.Event()
     _inherited = (work, reports, cancelled)

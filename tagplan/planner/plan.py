@@ -597,19 +597,23 @@ class Planner:
         self.phases.leave()
         return outcome
 
-    def search_shards(self, seeds: Sequence[int], *, processes: int = 1) -> list[SearchOutcome]:
+    def search_shards(
+        self, seeds: Sequence[int], *, processes: int = 1, budget_s: float | None = None
+    ) -> list[SearchOutcome]:
         """A tree per seed (root parallelism): one after another in this process, each for
         its share of the search budget; or, with ``processes`` above 1 where this process
         can fork (:mod:`~.forked`), that many at once in children forked from the planner
         as the phases before the search left it, each searching for the whole budget
-        divided by the rounds the trees need. The children's progress is merged here
-        (iterations summed over the trees, the best step of any) and ``cancel`` polled
-        here; a child touches nothing of the caller's."""
+        divided by the rounds the trees need. ``budget_s`` is the search's seconds
+        (default: what the deadline leaves after the finish's reserve). The children's
+        progress is merged here (iterations summed over the trees, the best step of any)
+        and ``cancel`` polled here; a child touches nothing of the caller's."""
         workers = min(processes, len(seeds))
-        if workers <= 1 or not can_fork():
-            budget = self.search_budget_s(len(seeds))
+        in_turn = workers <= 1 or not can_fork()
+        rounds = len(seeds) if in_turn else math.ceil(len(seeds) / workers)
+        budget = (self.search_budget_s() if budget_s is None else budget_s) / rounds
+        if in_turn:
             return [self.search_shard(seed, budget_s=budget) for seed in seeds]
-        budget = self.search_budget_s(math.ceil(len(seeds) / workers))
         latest: dict[int, tuple[int, float | None]] = {}
 
         def merged(seed: int, progress: tuple[int, float | None]) -> None:
