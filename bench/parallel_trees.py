@@ -13,9 +13,7 @@ step is the search's own (before SFB).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import time
 
 from bench.report import write_section
 from tagplan.planner.graph.analyzer import analyze
@@ -27,25 +25,6 @@ from tagplan.planner.topology import load_cluster
 
 MODELS = ["resnet101", "bert_large"]
 CLUSTERS = ["cloud", "scale:64"]
-
-
-def _count(_: int) -> float:
-    started = time.perf_counter()
-    total = 0
-    for i in range(10_000_000):
-        total += i
-    return time.perf_counter() - started
-
-
-def core_scaling(processes: int) -> float:
-    """How much faster ``processes`` copies of a pure-Python loop run at once than one
-    after another on this machine: what its cores give a CPU-bound search at best."""
-    alone = _count(0)
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
-        started = time.perf_counter()
-        pool.map(_count, range(processes))
-        together = time.perf_counter() - started
-    return processes * alone / together
 
 
 def cells(outcomes) -> list[str]:
@@ -66,7 +45,6 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     trees, search_s = args.trees, args.search_s
-    scaling = core_scaling(trees)
     seeds = list(range(trees))
     lines = []
     for model in args.models:
@@ -91,9 +69,7 @@ def main() -> None:
             f"{trees}`). Iterations and evaluations summed over the trees; the other trees "
             "than the first break ties at random (docs/design.md §7). The three run in "
             "this order on one planner, whose compiler remembers what strategies share "
-            "(about 1.1x, *Incremental evaluation*). This machine runs "
-            f"{trees} copies of a pure-Python loop at once {scaling:.2f}x as fast as one "
-            "after another: what its cores give a search at best.",
+            "(about 1.1x, *Incremental evaluation*).",
             "",
             f"| model | cluster | one tree: {head} | {trees} in turn: {head} "
             f"| {trees} at once: {head} |",

@@ -28,8 +28,8 @@
   symmetry class, :mod:`~.compile.symmetry`) and, when the GraphDef is given, the placed
   distributed GraphDef and device map;
 * **bound**: the step bound counting communication (:mod:`~.search.comm_bound`), in the
-  time the budget leaves, its LP solved on a thread of its own from the start of the search
-  (:meth:`Planner.start_comm_bound`).
+  time the budget leaves, its LP solved in a process forked for it (on a thread where the
+  planner may not fork) from the start of the search (:meth:`Planner.start_comm_bound`).
 
 The plan is the fastest strategy that fits in memory among what the search found and the
 baselines (every baseline is a strategy of the same space, so no plan is ever worse than
@@ -283,12 +283,16 @@ class Planner:
 
     def start_comm_bound(self) -> None:
         """Start solving the bound counting communication over the search's actions
-        (:func:`~.search.comm_bound.comm_bound`) on a thread of its own, until the
-        deadline (once; :meth:`finish` starts it if nobody did). Its LP takes most of its
-        time, and HiGHS holds no GIL while it solves: where a core is free, the phases
-        that run meanwhile hide it. Its value does not depend on when it runs."""
+        (:func:`~.search.comm_bound.comm_bound`) beside the planner, until the deadline
+        (once; :meth:`finish` starts it if nobody did): in a process forked for it where
+        this one can fork, else on a thread. Building its LP runs Python for seconds on a
+        large allocation, which on a thread takes the GIL from the search's evaluations
+        for as long (BENCHMARKS.md, *The communication bound beside a plan*); where a
+        core is free, the phases that run meanwhile hide it. Its value does not depend on
+        when it runs."""
         if self._comm_bound is not None:
             return
+        free_s = self.lower_bound_s()  # computed here: the planner keeps it
         self._comm_bound = BackgroundWork(
             lambda: comm_bound(
                 self.ir,
@@ -296,10 +300,11 @@ class Planner:
                 self.evaluator.costs,
                 self.grouping.op_group,
                 self.space,
-                free_s=self.lower_bound_s(),
+                free_s=free_s,
                 time_limit_s=self.deadline.left_s(),
             ),
             name="tagplan-comm-bound",
+            fork=True,
         )
 
     def _comm_bound_s(self) -> float | None:
@@ -309,6 +314,7 @@ class Planner:
         self.start_comm_bound()
         bound = self._comm_bound.result(self.deadline.left_s())
         if bound is None:
+            self._comm_bound.stop()
             self.phases.mark("bound", "skipped", "the budget ran out before its LP was solved")
         else:
             self._note(
