@@ -35,7 +35,7 @@ class BackgroundWork(Generic[T]):
         self._work = work
         self._value: T | None = None
         self._error: BaseException | None = None
-        self._done = False
+        self._done = False  # a forked child's answer received (or the child stopped)
         self.seconds = 0.0  # how long work() ran, once it has returned
         self._child: Any = None
         if fork and can_fork():
@@ -57,7 +57,6 @@ class BackgroundWork(Generic[T]):
         except BaseException as exc:  # raised again by result()
             self._error = exc
         self.seconds = time.perf_counter() - started
-        self._done = True
 
     def _run_child(self, sender: Any) -> None:
         """In the forked child: the work, its value or error sent to the parent."""
@@ -68,7 +67,11 @@ class BackgroundWork(Generic[T]):
     def result(self, wait_s: float) -> T | None:
         """The value, waiting at most ``wait_s`` seconds for it (``None`` when it is not
         there by then); what ``work`` raised is raised here."""
-        if self._child is not None and not self._done:
+        if self._child is None:
+            self._thread.join(max(wait_s, 0.0))
+            if self._thread.is_alive():
+                return None
+        elif not self._done:
             if not self._answer.poll(max(wait_s, 0.0)):
                 return None
             try:
@@ -77,10 +80,6 @@ class BackgroundWork(Generic[T]):
                 self._error = RuntimeError(f"{self._child.name} ended without an answer")
             self._done = True
             self._child.join()
-        elif self._child is None:
-            self._thread.join(max(wait_s, 0.0))
-            if self._thread.is_alive():
-                return None
         if self._error is not None:
             raise self._error
         return self._value

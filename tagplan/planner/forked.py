@@ -16,7 +16,6 @@ not."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -97,13 +96,8 @@ def _run(
 
 def _deliver(reports: Any, items: Sequence[T], on_report: Callable[[T, Any], None] | None) -> None:
     """Hand every report waiting in the queue to ``on_report``."""
-    while True:
-        try:
-            if reports.empty():
-                return
-            index, message = reports.get()
-        except (OSError, queue.Empty):
-            return
+    while not reports.empty():
+        index, message = reports.get()
         if on_report is not None:
             on_report(items[index], message)
 

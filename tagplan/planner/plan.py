@@ -568,11 +568,11 @@ class Planner:
         GraphDef, whose compile grows with the GPUs as that simulation does."""
         return self.per_gpu_factor * self.evaluation_s + self._graphdef_s(graphdef)
 
-    def search_budget_s(self, shards: int = 1) -> float:
-        """Seconds each of ``shards`` trees run one after another in this process: what the
-        deadline leaves after the finish's reserve (shards on separate workers each get
-        ``search_budget_s(1)``)."""
-        return max(self.deadline.left_s() - self._finish_reserve_s(), 0.0) / shards
+    def search_budget_s(self) -> float:
+        """The search's seconds: what the deadline leaves after the finish's reserve
+        (:meth:`search_shards` shares it among trees that take turns; shards on separate
+        workers each get all of it)."""
+        return max(self.deadline.left_s() - self._finish_reserve_s(), 0.0)
 
     def search_shard(self, seed: int, *, budget_s: float | None = None) -> SearchOutcome:
         """Run one tree (one root-parallel shard) with ``seed``; a shard left no time

@@ -278,7 +278,8 @@ class StrategySearch:
         self._scores: dict[tuple[int, ...], _Scored] = {} if scores is None else scores
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
-        self._simulated = [0, 0.0]  # TAG's strategies simulated, their seconds
+        self._simulations = 0  # TAG's strategies simulated
+        self._simulation_s = 0.0  # and the seconds they took
 
     # strategies -------------------------------------------------------------------------
 
@@ -311,17 +312,16 @@ class StrategySearch:
             started = time.perf_counter()
             found = self._scores[key] = self._simulate(key)
             if not is_pipelined_key(key):
-                self._simulated[0] += 1
-                self._simulated[1] += time.perf_counter() - started
+                self._simulations += 1
+                self._simulation_s += time.perf_counter() - started
         return found
 
     def _would_overrun(self, key: tuple[int, ...], deadline: float) -> bool:
         """Whether simulating ``key`` (of TAG's decisions, not simulated yet) for as long
         as the tree's simulations took on average would end past ``deadline``."""
-        count, seconds = self._simulated
-        if not count or key in self._scores or is_pipelined_key(key):
+        if not self._simulations or key in self._scores or is_pipelined_key(key):
             return False
-        return time.perf_counter() + seconds / count > deadline
+        return time.perf_counter() + self._simulation_s / self._simulations > deadline
 
     def _simulate(self, key: tuple[int, ...]) -> _Scored:
         try:
