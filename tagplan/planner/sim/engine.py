@@ -43,8 +43,10 @@ device or communicator starts the head of its queue, ordered by ``(ready, index)
 TensorFlow's executor) or by ``(-priority, ready, index)`` (HeteroG §4.2's list scheduling
 by upward rank). Flows of one route (the same links and shares) always move at the same
 speed, so the loop keeps one progress counter and one heap of finishing points per route,
-and fills per route: the cost of a change is ``O(E + K L)`` for ``E`` route-link pairs in
-use, ``K`` rounds of filling and ``L`` links.
+and fills per route; each link keeps the routes with flows on it and their summed shares
+as flows come and go, so the cost of a change is ``O(E + K L)`` for ``E`` route-link pairs
+of the routes it freezes, ``K`` rounds of filling and ``L`` links in use, with no pass over
+every route and link to rebuild them.
 
 **Exclusive links** (``shared_links=False``: each link carries one transfer at a time, the
 model before links were shared, kept for comparison). A transfer or collective *holds*
@@ -443,61 +445,122 @@ def _routes(kind, link_ptr, link_index, link_share, route):
     return nroutes, first
 
 
-class _FillScratch(NamedTuple):
-    """Work arrays of :func:`_fill`, allocated once per simulation."""
+class _Links(NamedTuple):
+    """The links' state between calls of :func:`_fill`, kept as routes get and lose
+    flows rather than rebuilt at every call, and its work arrays.
 
-    load: np.ndarray  # float64 per link: summed shares of its unfrozen flows
+    Each link lists the routes with flows on it in its row of ``members``
+    (``members[ptr[l] : ptr[l] + count[l]]``, a row as long as the routes that may use
+    it), and keeps ``load[l]``, the summed shares of those routes' flows; ``used`` lists the
+    links with flows (``nused[0]`` of them), ``where[l]`` a link's place in it.
+    """
+
+    ptr: np.ndarray  # int64, num_links + 1: each link's row of ``members``
+    members: np.ndarray  # int64: routes with flows, by link
+    count: np.ndarray  # int64 per link: routes with flows on it
+    place: np.ndarray  # int64 per route-link pair (``pair_base``): its index in ``members``
+    pair_base: np.ndarray  # int64, nroutes + 1: a route's first pair
+    load: np.ndarray  # float64 per link: summed shares of the flows on it
+    used: np.ndarray  # int64: the links with flows
+    where: np.ndarray  # int64 per link: its index in ``used``
+    nused: np.ndarray  # int64, one entry: how many links ``used`` lists
+    # work arrays of one call of :func:`_fill`
+    level_load: np.ndarray  # float64 per link: summed shares of its unfrozen flows
     room: np.ndarray  # float64 per link: spare capacity
-    unfrozen: np.ndarray  # int64 per link: unfrozen routes on it (zero between calls)
-    used: np.ndarray  # int64: the links in use
-    slot: np.ndarray  # int64 per link: its position in ``used``
-    ptr: np.ndarray  # int64, len(used) + 1: CSR over ``members``
-    fill: np.ndarray  # int64 per link in use: next free place in its row of ``members``
-    members: np.ndarray  # int64: the routes of each link in use
+    unfrozen: np.ndarray  # int64 per link: unfrozen routes on it
     frozen: np.ndarray  # bool per route
 
 
 @njit(cache=True)
-def _fill(busy_routes, nbusy, first, nflows, link_ptr, link_index, link_share, speed, scratch):
+def _links(nroutes, first, link_ptr, link_index, num_links):
+    """The links' state with no flows, rows sized by the routes that may use each link."""
+    rows = np.zeros(num_links + 1, dtype=np.int64)
+    pair_base = np.zeros(nroutes + 1, dtype=np.int64)
+    for c in range(nroutes):
+        x = first[c]
+        pair_base[c + 1] = pair_base[c] + link_ptr[x + 1] - link_ptr[x]
+        for e in range(link_ptr[x], link_ptr[x + 1]):
+            rows[link_index[e] + 1] += 1
+    for link in range(num_links):
+        rows[link + 1] += rows[link]
+    return _Links(
+        rows,
+        np.empty(rows[num_links], dtype=np.int64),
+        np.zeros(num_links, dtype=np.int64),
+        np.empty(pair_base[nroutes], dtype=np.int64),
+        pair_base,
+        np.zeros(num_links),
+        np.empty(num_links, dtype=np.int64),
+        np.empty(num_links, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.empty(num_links),
+        np.empty(num_links),
+        np.zeros(num_links, dtype=np.int64),
+        np.zeros(nroutes, dtype=np.bool_),
+    )
+
+
+@njit(cache=True)
+def _route_joins(c, first, link_ptr, link_index, links):
+    """Route ``c`` got its first flow: its links list it."""
+    x = first[c]
+    for j in range(link_ptr[x + 1] - link_ptr[x]):
+        link = link_index[link_ptr[x] + j]
+        k = links.ptr[link] + links.count[link]
+        links.members[k] = c
+        links.place[links.pair_base[c] + j] = k
+        links.count[link] += 1
+        if links.count[link] == 1:
+            links.where[link] = links.nused[0]
+            links.used[links.nused[0]] = link
+            links.nused[0] += 1
+
+
+@njit(cache=True)
+def _route_leaves(c, first, link_ptr, link_index, links):
+    """Route ``c`` lost its last flow: its links stop listing it (the last route of a
+    link's row takes its place), and a link left without flows leaves ``used``."""
+    x = first[c]
+    for j in range(link_ptr[x + 1] - link_ptr[x]):
+        link = link_index[link_ptr[x] + j]
+        k = links.place[links.pair_base[c] + j]
+        last = links.ptr[link] + links.count[link] - 1
+        moved = links.members[last]
+        links.members[k] = moved
+        for i in range(links.pair_base[moved], links.pair_base[moved + 1]):
+            if links.place[i] == last:
+                links.place[i] = k
+                break
+        links.count[link] -= 1
+        if links.count[link] == 0:
+            links.load[link] = 0.0  # no drift left behind by the flows' sums
+            links.nused[0] -= 1
+            other = links.used[links.nused[0]]
+            links.used[links.where[link]] = other
+            links.where[other] = links.where[link]
+
+
+@njit(cache=True)
+def _fill(busy_routes, nbusy, first, nflows, link_ptr, link_index, link_share, speed, links):
     """Max-min fair speeds of the routes with flows, by progressive filling (module
     docstring): ``speed[c]`` for every route ``c`` of ``busy_routes[:nbusy]``, which carries
     ``nflows[c]`` flows along the links of its task ``first[c]``.
 
     Each round raises the level of the unfrozen routes to the point where the next links
-    fill, then freezes the routes on those links, found through a per-link list of routes
-    built once per call; so a call costs ``O(E + K L)`` for ``E`` route-link pairs, ``K``
-    rounds and ``L`` links in use. ``scratch`` holds the per-link and per-route work arrays
-    (see :class:`_FillScratch`).
+    fill, then freezes the routes on those links, found in the links' lists of routes
+    (:class:`_Links`, kept between calls with each link's load); so a call costs
+    ``O(E + K L)`` for ``E`` pairs of a frozen route and a link, ``K`` rounds and ``L``
+    links in use.
     """
-    load, room, unfrozen, used = scratch.load, scratch.room, scratch.unfrozen, scratch.used
-    ptr, members, frozen = scratch.ptr, scratch.members, scratch.frozen
-    nused = 0
-    for i in range(nbusy):
-        c = busy_routes[i]
-        frozen[c] = False
-        x = first[c]
-        for e in range(link_ptr[x], link_ptr[x + 1]):
-            link = link_index[e]
-            if unfrozen[link] == 0:
-                used[nused] = link
-                nused += 1
-                load[link] = 0.0
-                room[link] = 1.0
-            unfrozen[link] += 1
-            load[link] += nflows[c] * link_share[e]
-    # The routes of each link in use: link ``used[j]`` lists ``members[ptr[j]:ptr[j+1]]``.
-    ptr[0] = 0
+    used, nused = links.used, links.nused[0]
+    load, room, unfrozen, frozen = links.level_load, links.room, links.unfrozen, links.frozen
     for j in range(nused):
-        ptr[j + 1] = ptr[j] + unfrozen[used[j]]
-        scratch.slot[used[j]] = j
-        scratch.fill[j] = ptr[j]
+        link = used[j]
+        load[link] = links.load[link]
+        room[link] = 1.0
+        unfrozen[link] = links.count[link]
     for i in range(nbusy):
-        c = busy_routes[i]
-        x = first[c]
-        for e in range(link_ptr[x], link_ptr[x + 1]):
-            j = scratch.slot[link_index[e]]
-            members[scratch.fill[j]] = c
-            scratch.fill[j] += 1
+        frozen[busy_routes[i]] = False
     nfree = nbusy
     level = 0.0
     while nfree > 0:
@@ -523,8 +586,8 @@ def _fill(busy_routes, nbusy, first, nflows, link_ptr, link_index, link_share, s
             link = used[j]
             if unfrozen[link] == 0 or room[link] > _FULL_ROOM:
                 continue
-            for k in range(ptr[j], ptr[j + 1]):
-                c = members[k]
+            for k in range(links.ptr[link], links.ptr[link] + links.count[link]):
+                c = links.members[k]
                 if frozen[c]:
                     continue
                 frozen[c] = True
@@ -534,8 +597,6 @@ def _fill(busy_routes, nbusy, first, nflows, link_ptr, link_index, link_share, s
                 for e in range(link_ptr[x], link_ptr[x + 1]):
                     unfrozen[link_index[e]] -= 1
                     load[link_index[e]] -= nflows[c] * link_share[e]
-    for j in range(nused):
-        unfrozen[used[j]] = 0
 
 
 @njit(cache=True)
@@ -591,20 +652,7 @@ def _shared(
     next_done = np.empty(nroutes)
     busy_routes = np.empty(nroutes, dtype=np.int64)
     nbusy = 0
-    pairs = 0
-    for c in range(nroutes):
-        pairs += link_ptr[first[c] + 1] - link_ptr[first[c]]
-    scratch = _FillScratch(
-        np.empty(num_links),
-        np.empty(num_links),
-        np.zeros(num_links, dtype=np.int64),
-        np.empty(num_links, dtype=np.int64),
-        np.empty(num_links, dtype=np.int64),
-        np.empty(num_links + 1, dtype=np.int64),
-        np.empty(num_links, dtype=np.int64),
-        np.empty(pairs, dtype=np.int64),
-        np.zeros(nroutes, dtype=np.bool_),
-    )
+    links = _links(nroutes, first, link_ptr, link_index, num_links)
     # Servers run one task at a time from a waiting queue (a heap in its slice of
     # ``store``): each device its compute tasks, each collective route (a communicator)
     # its collectives. Other transfers start when ready.
@@ -704,6 +752,7 @@ def _shared(
                     busy_routes[nbusy] = c
                     nbusy += 1
                     progress[c] = 0.0
+                    _route_joins(c, first, link_ptr, link_index, links)
                 work = duration[x] - latency[x]
                 nflows[c] = _heap_push(
                     flow_key[rbase[c] : rbase[c + 1]],
@@ -714,6 +763,7 @@ def _shared(
                 )
                 for e in range(link_ptr[x], link_ptr[x + 1]):
                     busy[num_devices + link_index[e]] += link_share[e] * work
+                    links.load[link_index[e]] += link_share[e]
             njoining = 0
             changed = False
             _fill(
@@ -725,7 +775,7 @@ def _shared(
                 link_index,
                 link_share,
                 speed,
-                scratch,
+                links,
             )
             next_flow_t = np.inf
             for i in range(nbusy):
@@ -761,11 +811,14 @@ def _shared(
                         x = flow_x[lo]
                         finish[x] = t
                         nflows[c] = _heap_pop(flow_key[lo:hi], flow_x[lo:hi], nflows[c])
+                        for e in range(link_ptr[x], link_ptr[x + 1]):
+                            links.load[link_index[e]] -= link_share[e]
                         narriving = _release(
                             x, succ_ptr, succ_index, remaining, arriving, narriving
                         )
                         ntouched = _free(server[x], held, marked, touched, ntouched)
                     if nflows[c] == 0:
+                        _route_leaves(c, first, link_ptr, link_index, links)
                         nbusy -= 1
                         busy_routes[i] = busy_routes[nbusy]
                         continue

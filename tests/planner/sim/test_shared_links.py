@@ -107,6 +107,32 @@ class TestSharingRule:
             assert result.step_time_s == pytest.approx(expected, rel=1e-9)
             assert result.link_busy_s[0] == pytest.approx(work.sum(), rel=1e-9)
 
+    def test_routes_coming_and_going_match_per_flow_max_min(self) -> None:
+        # Flows over random link sets (few distinct routes, so routes gain and lose flows
+        # again and again) arrive after compute tasks and after each other; every finish
+        # must match an event loop that shares the links among single flows.
+        rng = np.random.default_rng(11)
+        for _ in range(15):
+            num_links, k = 5, int(rng.integers(8, 30))
+            routes = []
+            for _ in range(4):
+                links = sorted(rng.choice(num_links, int(rng.integers(1, 4)), replace=False))
+                routes.append(([int(x) for x in links], rng.uniform(0.2, 1.5, len(links))))
+            gates = [compute(0, float(a)) for a in rng.uniform(0.0, 2.0, k)]
+            picked = rng.integers(len(routes), size=k)
+            work = rng.uniform(0.1, 1.5, k)
+            flows = [
+                transfer(routes[r][0], float(w), shares=routes[r][1].tolist())
+                for r, w in zip(picked, work, strict=True)
+            ]
+            edges = [(i, k + i) for i in range(k)]
+            edges += [(k + i, k + i + 3) for i in range(0, k - 3, 4)]  # chains of flows
+            result = simulate(build(gates + flows, edges, num_devices=1, num_links=num_links))
+            expected = _per_flow_max_min(
+                result.finish_s[:k], [routes[r] for r in picked], work, edges, k
+            )
+            np.testing.assert_allclose(result.finish_s[k:], expected, rtol=1e-9)
+
     def test_compute_tasks_still_queue_for_their_device(self) -> None:
         tasks = [compute(0, 2.0), compute(0, 1.0, priority=5.0), transfer([0], 1.0)]
         fifo = simulate(build(tasks, num_links=1))
@@ -186,3 +212,69 @@ class TestTrafficPatterns:
         for name in ("m0/downlink", "m0/uplink"):
             busy = result.link_busy_s[layout.names.index(name)]
             assert busy == pytest.approx(56 * nbytes / NETWORK_BYTES_PER_S, rel=1e-9)
+
+
+def _per_flow_max_min(
+    gate_finish_s: np.ndarray,
+    routes: list[tuple[list[int], np.ndarray]],
+    work: np.ndarray,
+    edges: list[tuple[int, int]],
+    k: int,
+) -> np.ndarray:
+    """Finish times of flows ``k .. 2k-1`` (flow ``i`` over ``routes[i]`` with ``work[i]``
+    seconds alone), each starting when its gate and flow predecessors have finished, the
+    links shared max-min fairly among single flows by progressive filling."""
+    preds: dict[int, list[int]] = {i: [] for i in range(k)}
+    for a, b in edges:
+        preds[b - k].append(a)
+    finish = {i: float(t) for i, t in enumerate(gate_finish_s)}
+    left = {i: float(w) for i, w in enumerate(work)}
+    active: set[int] = set()
+    t, done = 0.0, np.zeros(k)
+    while left:
+        for i in list(left):
+            if i not in active and all(p in finish and finish[p] <= t for p in preds[i]):
+                active.add(i)
+        if not active:
+            t = min(finish[p] for i in left for p in preds[i] if p in finish and finish[p] > t)
+            continue
+        speed = dict.fromkeys(active, 0.0)
+        frozen: set[int] = set()
+        room = dict.fromkeys(range(8), 1.0)
+        level = 0.0
+        while len(frozen) < len(active):
+            load = {
+                link: sum(
+                    routes[i][1][j]
+                    for i in active - frozen
+                    for j, x in enumerate(routes[i][0])
+                    if x == link
+                )
+                for link in room
+            }
+            step = min([1.0 - level] + [room[x] / load[x] for x in room if load[x] > 0])
+            level += step
+            for x in room:
+                room[x] -= step * load[x]
+            full = {x for x in room if load[x] > 0 and room[x] <= 1e-12}
+            for i in active - frozen:
+                if level >= 1.0 - 1e-15 or full & set(routes[i][0]):
+                    frozen.add(i)
+                    speed[i] = level
+        dt = min(left[i] / speed[i] for i in active)
+        waiting = [
+            finish[p] - t
+            for i in left
+            if i not in active
+            for p in preds[i]
+            if p in finish and finish[p] > t
+        ]
+        dt = min([dt, *waiting])
+        t += dt
+        for i in list(active):
+            left[i] -= speed[i] * dt
+            if left[i] <= 1e-12:
+                active.remove(i)
+                del left[i]
+                finish[k + i] = done[i] = t
+    return done
