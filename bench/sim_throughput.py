@@ -10,6 +10,12 @@ compiled scheduling loop alone, with links shared (the default) and held exclusi
 and the shared loop on the *incast* variant, where in each layer every device sends to
 one device (``layer mod 16``), so 16 flows share its downlink. The JIT warms up on a
 small graph first.
+
+A second table schedules task graphs the compiler makes of parameter-server strategies,
+compiled per GPU, where thousands of routes carry flows at once (every worker pushes to
+and pulls from every server): seconds of the loop alone, median of ``--runs``, and how
+many routes carry flows at once at most. ``--json`` and ``--before`` set another code's
+seconds beside these.
 """
 
 from __future__ import annotations
@@ -21,10 +27,31 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.report import write_section
+from bench.ps_traffic import cluster_spec
+from bench.report import (
+    add_comparison_arguments,
+    before_cells,
+    before_note,
+    kept_for_later,
+    rows_before,
+    write_section,
+)
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.search.baselines import dp_ps
 from tagplan.planner.sim import engine
 from tagplan.planner.sim.simulate import LINK_MODELS, LinkModel, simulate, upward_rank
 from tagplan.planner.sim.taskgraph import COMPUTE, TRANSFER, TaskGraph
+from tagplan.planner.strategy import resolve
+from tagplan.planner.topology import load_cluster
+
+# (model, batch or None for the zoo's, cluster name, cluster) of the compiled rows
+COMPILED = [
+    ("resnet101", None, "scale:64", "scale:64"),
+    ("bert_large", None, "scale:64", "scale:64"),
+    ("inception_v3", 4096, "8 x 8 P100, 10 Gbit/s", cluster_spec(8, 8)),
+]
 
 
 def _csr(src: np.ndarray, dst: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,20 +124,22 @@ def synthetic_step(
     )
 
 
-def _median_rate(n: int, fn: Callable[[], object], runs: int) -> float:
+def _median_s(fn: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return n / statistics.median(times)
+    return statistics.median(times)
 
 
-def _rates(tg: TaskGraph, runs: int, link_model: LinkModel) -> dict[str, float]:
-    """M tasks/s of ``simulate`` and of the loop alone, FIFO and by upward rank."""
-    n = tg.num_tasks
-    shared = link_model == "shared"
-    arrays = (
+def _median_rate(n: int, fn: Callable[[], object], runs: int) -> float:
+    return n / _median_s(fn, runs)
+
+
+def _loop_arrays(tg: TaskGraph) -> tuple:
+    """The arguments of :func:`engine.schedule` before its two modes."""
+    return (
         tg.task_kind,
         tg.task_device,
         tg.task_duration_s,
@@ -124,6 +153,64 @@ def _rates(tg: TaskGraph, runs: int, link_model: LinkModel) -> dict[str, float]:
         tg.num_devices,
         tg.num_links,
     )
+
+
+def _routes_at_once(tg: TaskGraph, start_s: np.ndarray, finish_s: np.ndarray) -> int:
+    """The most distinct routes (links with shares) carrying transfers at one moment."""
+    comm = np.flatnonzero((tg.task_kind != COMPUTE) & (np.diff(tg.link_ptr) > 0))
+    keys = [
+        (tuple(tg.link_index[a:b]), tuple(tg.link_share[a:b]))
+        for a, b in zip(tg.link_ptr[comm], tg.link_ptr[comm + 1], strict=True)
+    ]
+    route = np.unique(np.array([hash(k) for k in keys]), return_inverse=True)[1]
+    events = sorted(
+        [(float(start_s[x]), 1, int(r)) for x, r in zip(comm, route, strict=True)]
+        + [(float(finish_s[x]), 0, int(r)) for x, r in zip(comm, route, strict=True)]
+    )
+    flows, most = np.zeros(route.max() + 1 if len(route) else 0, dtype=np.int64), 0
+    busy = 0
+    for _, starts, r in events:
+        flows[r] += 1 if starts else -1
+        busy += 1 if starts and flows[r] == 1 else -1 if not starts and flows[r] == 0 else 0
+        most = max(most, busy)
+    return most
+
+
+def compiled_rows(runs: int) -> list[dict]:
+    """DP-PS of each :data:`COMPILED` case compiled per GPU, its loop timed."""
+    rows = []
+    for model, batch, name, cluster_source in COMPILED:
+        source = load_graph_source(f"zoo:{model}")
+        ir = analyze(
+            source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=batch
+        )
+        cluster = load_cluster(cluster_source)
+        evaluator = Evaluator(ir, cluster)
+        resolved = resolve(
+            dp_ps(ir, cluster, evaluator.costs), ir, cluster, op_work=evaluator.costs.work.flops
+        )
+        tg = evaluator.compiler.compile(resolved).task_graph
+        arrays = _loop_arrays(tg)
+        start_s, finish_s, _, _ = engine.schedule(*arrays, False, True)
+        rows.append(
+            {
+                "case": f"{model} {name}",
+                "tasks": tg.num_tasks,
+                "transfers": int((tg.task_kind != COMPUTE).sum()),
+                "routes": _routes_at_once(tg, start_s, finish_s),
+                "seconds": _median_s(lambda a=arrays: engine.schedule(*a, False, True), runs),
+                "step_s": float(np.nanmax(finish_s)),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _rates(tg: TaskGraph, runs: int, link_model: LinkModel) -> dict[str, float]:
+    """M tasks/s of ``simulate`` and of the loop alone, FIFO and by upward rank."""
+    n = tg.num_tasks
+    shared = link_model == "shared"
+    arrays = _loop_arrays(tg)
     tg.task_priority[:] = 0.0
     found = {
         "simulate, FIFO": _median_rate(n, lambda: simulate(tg, link_model=link_model), runs),
@@ -141,6 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=25_000, help="80 tasks per layer")
     parser.add_argument("--runs", type=int, default=5)
+    add_comparison_arguments(parser)
     args = parser.parse_args()
 
     for model in LINK_MODELS:
@@ -149,6 +237,9 @@ def main() -> None:
             simulate(small, link_model=model)
             simulate(small, use_priority=True, link_model=model)
     upward_rank(small)
+    compiled = compiled_rows(args.runs)
+    if kept_for_later(args, compiled):
+        return
     t0 = time.perf_counter()
     tg = synthetic_step(args.layers)
     build_s = time.perf_counter() - t0
@@ -180,6 +271,24 @@ def main() -> None:
         lines.append(f"| {name} | " + " | ".join(f"{found[c]:.2f}" for c in columns) + " |")
         print(name, {c: round(found[c], 2) for c in columns})
     lines += ["", f"Upward rank of the whole graph: {rank_s:.3f} s. Bar: >= 1 M tasks/s."]
+    before = rows_before(args)
+    label = f" {args.before_label} (s) | over {args.before_label} |" if before else ""
+    lines += [
+        "",
+        "Compiled steps: DP-PS (every parameter on a server, the servers spread over every "
+        "GPU) compiled per GPU at the zoo's batch (Inception-v3 at 4,096), the shared-link "
+        f"loop alone in FIFO mode, median of {args.runs}. *routes at once*: the most "
+        "distinct routes carrying flows at one moment." + before_note(args, before),
+        "",
+        "| case | tasks | transfers | routes at once | step (s) | loop (s) |" + label,
+        "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if before else ""),
+    ]
+    for row in compiled:
+        lines.append(
+            f"| {row['case']} | {row['tasks']:,} | {row['transfers']:,} | {row['routes']:,} "
+            f"| {row['step_s']:.3f} | {row['seconds']:.3f} |"
+            + before_cells(before.get(row["case"]), "seconds", row["seconds"], 3)
+        )
     write_section(
         "sim-throughput",
         "Simulator throughput",
