@@ -111,14 +111,16 @@ def group_feedback(
     idle = np.zeros(num_groups)
     if num_groups == 0:
         return makespan, idle
-    member = group >= 0
+    member = np.flatnonzero(group >= 0)
+    # by group (a stable sort of small integers is a radix sort), then reduced per group:
+    # what np.minimum.at would give, without its per-element cost
+    member = member[np.argsort(group[member], kind="stable")]
     g = group[member]
-    first = np.full(num_groups, np.inf)
-    last = np.full(num_groups, -np.inf)
-    np.minimum.at(first, g, start_s[member])
-    np.maximum.at(last, g, finish_s[member])
-    present = np.isfinite(first)
-    makespan[present] = last[present] - first[present]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if len(g) else g
+    present = g[starts]
+    makespan[present] = np.maximum.reduceat(finish_s[member], starts) - np.minimum.reduceat(
+        start_s[member], starts
+    )
     src = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
     dst = tg.succ_index
     feeds = (tg.task_kind[src] == COMPUTE) & (tg.task_kind[dst] != COMPUTE) & (group[src] >= 0)
