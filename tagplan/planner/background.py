@@ -6,6 +6,7 @@ LP), which on a thread would take the GIL from the caller's own Python for as lo
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,12 +28,21 @@ class BackgroundWork(Generic[T]):
     ``work`` a deadline of its own, as the solvers' time limits are. With ``fork`` (where
     this process can fork: :func:`~.forked.can_fork`, else on a thread) in a child forked
     for it, which inherits what ``work`` reads and sends back its value (picklable) or what
-    it raised; :meth:`stop` ends a child whose value nobody will ask for."""
+    it raised; :meth:`stop` ends a child whose value nobody will ask for. ``niceness``
+    lowers a forked child's scheduling priority (``os.nice``) so that the caller, whose
+    work is what the answer waits for, keeps its core where the cores are fewer than the
+    processes."""
 
     def __init__(
-        self, work: Callable[[], T], *, name: str = "tagplan-background", fork: bool = False
+        self,
+        work: Callable[[], T],
+        *,
+        name: str = "tagplan-background",
+        fork: bool = False,
+        niceness: int = 0,
     ) -> None:
         self._work = work
+        self._niceness = niceness
         self._value: T | None = None
         self._error: BaseException | None = None
         self._done = False  # a forked child's answer received (or the child stopped)
@@ -60,6 +70,8 @@ class BackgroundWork(Generic[T]):
 
     def _run_child(self, sender: Any) -> None:
         """In the forked child: the work, its value or error sent to the parent."""
+        if self._niceness:
+            os.nice(self._niceness)
         self._run()
         sender.send((self._value, self._error, self.seconds))
         sender.close()

@@ -19,7 +19,8 @@
   gradient synchronization (:mod:`~.search.layout_branches`; pipelines take at most a
   fifth of its simulation time while a plan of TAG's fits); the layouts are cut once,
   after the baselines, while that share of the search's budget lasts, and a micro-batch
-  count whose busiest GPU computes for longer than the best baseline step is left out
+  count whose busiest GPU computes for longer than the best step of the baselines
+  simulated before the search is left out
   (:meth:`~.evaluate.Evaluator.compute_bound_s`: it cannot win);
 * **sfb**: sufficient-factor broadcast decided by TAG's ILP for every replicated gradient
   (TAG §4.2.3), kept only when the simulator says it helps, for both the search's best
@@ -75,7 +76,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 
 from tagplan.planner.background import BackgroundWork
@@ -157,6 +158,11 @@ _PER_GPU_BASELINES = frozenset({"dp-ps", "pipeline"})
 # Baechi's placers: every op whole on one GPU (model_parallel_bound_s bounds them before
 # their placement, which costs more than their simulation)
 _MODEL_PARALLEL_BASELINES = frozenset({"m-topo", "m-etf", "m-sct"})
+# baselines simulated beside the search where the planner can fork: each costs seconds on a
+# large allocation (a per-GPU evaluation, a placer), and the search reads none of them
+_BESIDE_BASELINES = _PER_GPU_BASELINES | _MODEL_PARALLEL_BASELINES
+# the processes forked beside the search yield to it where cores are fewer than processes
+_BESIDE_NICENESS = 5
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,24 @@ class PlanProgress:
     best_step_time_s: float | None
     best_speedup: float | None  # over DP-NCCL
     elapsed_s: float
+
+
+@dataclass
+class _BaselineRun:
+    """What scoring baselines found: their scores, and the baselines skipped at the
+    budget, refused by the graph or bounded out (by their bound)."""
+
+    scores: dict[str, BaselineScore]
+    skipped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    ruled_out: dict[str, list[str]] = field(default_factory=dict)
+
+    def merge(self, other: _BaselineRun) -> None:
+        self.scores.update(other.scores)
+        self.skipped += other.skipped
+        self.refused += other.refused
+        for why, names in other.ruled_out.items():
+            self.ruled_out.setdefault(why, []).extend(names)
 
 
 @dataclass(frozen=True)
@@ -224,6 +248,8 @@ class Planner:
         self._lower_bound_s: float | None = None
         self._model_parallel_bound_s: float | None = None
         self._comm_bound: BackgroundWork[CommBound | None] | None = None
+        self._beside: BackgroundWork[_BaselineRun] | None = None  # baselines beside the search
+        self._baseline_run = _BaselineRun({})
         costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(
             ir, cluster, costs=costs, comm=comm, by_class=self.options.by_class
@@ -232,7 +258,7 @@ class Planner:
         self.op_time_s = op_time_s = cluster_mean_op_time_s(ir, cluster, costs)
         if prepared is not None:
             self.grouping = grouping_of(ir, op_time_s, prepared["op_group"])
-            self.baselines = {
+            self._baselines = {
                 name: BaselineScore(**score) for name, score in prepared["baselines"].items()
             }
             self.evaluation_s = float(prepared["evaluation_s"])
@@ -241,7 +267,7 @@ class Planner:
             self.phases = PhaseLog(
                 {k: PhaseReport.from_dict(v) for k, v in prepared["phases"].items()}
             )
-            self.reference_step_s = self.baselines[REFERENCE].step_time_s
+            self.reference_step_s = self._baselines[REFERENCE].step_time_s
             self._lower_bound_s = prepared.get("lower_bound_s")
             self.layouts = self._branches(  # a job prepared by an older planner: none
                 [StageLayout.from_dict(d) for d in prepared.get("layouts", [])],
@@ -256,6 +282,13 @@ class Planner:
             self.phases.leave()
             self._score_baselines()  # sets the reference's step
             self.layouts = self._cut_layouts()
+
+    @property
+    def baselines(self) -> dict[str, BaselineScore]:
+        """Every baseline's score, those simulated beside the search waited for (at most
+        until the deadline; skipped when they are not done by then)."""
+        self._gather_baselines(self.deadline.left_s())
+        return self._baselines
 
     def prepared(self) -> dict:
         """The group and baseline phases' results and the lower bound as JSON, for
@@ -305,6 +338,7 @@ class Planner:
             ),
             name="tagplan-comm-bound",
             fork=True,
+            niceness=_BESIDE_NICENESS,
         )
 
     def _comm_bound_s(self) -> float | None:
@@ -353,45 +387,82 @@ class Planner:
     def _score_baselines(self) -> None:
         """DP-NCCL, then the other baselines while the baselines' share of the budget
         lasts (m-SCT's LP stops at it) and no later than the steps every plan runs must
-        start (:meth:`_unskippable_s`)."""
+        start (:meth:`_unskippable_s`). Where the planner can fork, the baselines that
+        cost seconds on a large allocation (:data:`_BESIDE_BASELINES`) are simulated in a
+        child forked for them while the search runs, and gathered by :meth:`finish`."""
         self._enter("baselines")
         warm_up()  # the reference's time is then an evaluation's, not the kernels' compile
-        ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
-        scores: dict[str, BaselineScore] = {}
-        skipped: list[str] = []
-        refused: list[str] = []
         ends_at = time.time() + self.deadline.share_s(_BASELINE_SHARE)
         names = [
             n for n in BASELINES if n != REFERENCE and (n != "pipeline" or self.options.pipeline)
         ]
-        ruled_out: dict[str, list[str]] = {}  # the bound, and the baselines it ruled out
-        for name in [REFERENCE, *names]:
-            self._check_cancel()
+        beside = [n for n in names if n in _BESIDE_BASELINES] if can_fork() else []
+        run = self._baseline_run
+        here = [REFERENCE, *(n for n in names if n not in beside)]
+        ends_at = self._score_each(here, run, ends_at, cancel=True)
+        if beside:
+            self._beside = BackgroundWork(
+                partial(self._score_beside, beside, dict(run.scores), ends_at),
+                name="tagplan-baselines",
+                fork=True,
+                niceness=_BESIDE_NICENESS,
+            )
+        self._record_baselines()
+        self.reference_step_s = self._baselines[REFERENCE].step_time_s
+        # the best to beat
+        best_s = _best_fitting_s(self._baselines.values())
+        self._report("baselines", 0, best_s if best_s < math.inf else None)
+        self.phases.leave()
+
+    def _score_beside(
+        self, names: list[str], scores: dict[str, BaselineScore], ends_at: float
+    ) -> _BaselineRun:
+        """In the child forked for them: ``names`` scored after the baselines of
+        ``scores`` (which bound Baechi's placers), never asking the caller's ``cancel``."""
+        run = _BaselineRun(dict(scores))
+        self._score_each(names, run, ends_at, cancel=False)
+        return _BaselineRun(
+            {n: run.scores[n] for n in names if n in run.scores},
+            run.skipped,
+            run.refused,
+            run.ruled_out,
+        )
+
+    def _score_each(
+        self, names: Sequence[str], run: _BaselineRun, ends_at: float, *, cancel: bool
+    ) -> float:
+        """Score ``names`` in turn into ``run`` while the time before ``ends_at`` lasts
+        (the reference whatever the time); the end, moved up once the reference has
+        measured an evaluation."""
+        ir, cluster, costs = self.ir, self.cluster, self.evaluator.costs
+        for name in names:
+            if cancel:
+                self._check_cancel()
             left_s = ends_at - time.time()
             expected_s = self.evaluation_s * (
                 self.per_gpu_factor if name in _PER_GPU_BASELINES else 1.0
             )
             if name != REFERENCE and left_s < expected_s:
-                skipped.append(name)
+                run.skipped.append(name)
                 continue
-            bar_s = _best_fitting_s(scores.values())
-            if self._bounded_out(name, None, bar_s, ruled_out):
+            bar_s = _best_fitting_s(run.scores.values())
+            if self._bounded_out(name, None, bar_s, run.ruled_out):
                 continue
             started = time.perf_counter()
             try:
                 strategy = baseline_strategy(
                     name, ir, cluster, costs, time_limit_s=None if name == REFERENCE else left_s
                 )
-                if self._bounded_out(name, strategy, bar_s, ruled_out):
+                if self._bounded_out(name, strategy, bar_s, run.ruled_out):
                     continue
                 evaluation = self.evaluator.evaluate(strategy)
             except BudgetExhausted:
-                skipped.append(name)
+                run.skipped.append(name)
                 continue
             except InvalidInput as exc:  # a pipeline this graph cannot run
                 if name == REFERENCE:
                     raise
-                refused.append(f"{name} ({exc})")
+                run.refused.append(f"{name} ({exc})")
                 continue
             seconds = time.perf_counter() - started
             if name == REFERENCE:
@@ -405,30 +476,56 @@ class Planner:
             elif name in _LIKE_REFERENCE:  # as large, with the simulator's kernels loaded
                 self.evaluation_s = min(self.evaluation_s, seconds)
             result = evaluation.result
-            scores[name] = BaselineScore(
+            run.scores[name] = BaselineScore(
                 strategy_json=strategy.to_json(),
                 step_time_s=float(evaluation.step_time_s),
                 oom=bool(result.oom),
                 overflow_bytes=int(result.overflow_bytes.sum()),
             )
-        self.baselines = {name: scores[name] for name in BASELINES if name in scores}
-        if skipped:
+        return ends_at
+
+    def _gather_baselines(self, wait_s: float) -> None:
+        """The baselines simulated beside the search, waited for at most ``wait_s``
+        seconds (stopped and counted as skipped at the budget when not done by then), in
+        what the phase reports."""
+        if self._beside is None:
+            return
+        beside, self._beside = self._beside, None
+        found = beside.result(wait_s)
+        answered = found is not None
+        if found is None:
+            beside.stop()
+            names = [
+                n
+                for n in BASELINES
+                if n in _BESIDE_BASELINES and (n != "pipeline" or self.options.pipeline)
+            ]
+            found = _BaselineRun({}, names)
+        self._baseline_run.merge(found)
+        self._record_baselines(beside_s=beside.seconds if answered else None)
+
+    def _record_baselines(self, *, beside_s: float | None = None) -> None:
+        """The baselines' scores and what the phase reports, from what was scored so far
+        (``beside_s``: how long the baselines beside the search took)."""
+        run = self._baseline_run
+        self._baselines = {name: run.scores[name] for name in BASELINES if name in run.scores}
+        report = self.phases.reports.setdefault("baselines", PhaseReport())
+        report.status, report.note = "done", ""
+        if run.skipped:
             self.phases.mark(
-                "baselines", "truncated", f"skipped at the budget: {', '.join(skipped)}"
+                "baselines", "truncated", f"skipped at the budget: {', '.join(run.skipped)}"
             )
-        if refused:
-            self._note("baselines", f"not applicable: {', '.join(refused)}")
-        best_s = _best_fitting_s(self.baselines.values())
-        if ruled_out:
+        if run.refused:
+            self._note("baselines", f"not applicable: {', '.join(run.refused)}")
+        best_s = _best_fitting_s(self._baselines.values())
+        if run.ruled_out:
             self._note(
                 "baselines",
                 f"not simulated, bounded at or above the best baseline's {best_s * 1e3:.1f} ms: "
-                + "; ".join(f"{', '.join(names)} ({why})" for why, names in ruled_out.items()),
+                + "; ".join(f"{', '.join(names)} ({why})" for why, names in run.ruled_out.items()),
             )
-        self.reference_step_s = self.baselines[REFERENCE].step_time_s
-        # the best to beat
-        self._report("baselines", 0, best_s if best_s < math.inf else None)
-        self.phases.leave()
+        if beside_s is not None:
+            self._note("baselines", f"simulated beside the search in {beside_s:.2f} s")
 
     def _bounded_out(
         self, name: str, strategy: Strategy | None, bar_s: float, ruled_out: dict[str, list[str]]
@@ -459,11 +556,13 @@ class Planner:
 
     def _cut_layouts(self) -> LayoutBranches | None:
         """tagplan's stage layouts as branches of the search (module docstring), bounded by
-        the best baseline step that fits; ``None`` when pipelines are turned off, the
-        allocation is one unit, or the search has no time to simulate a pipeline of two
-        micro-batches. Cutting a large graph takes a fraction of a second per layout: the
-        layouts are cut while the pipelines' share of the search's time lasts (all of it
-        when no baseline fits), and what the cut took counts against that share."""
+        the best step that fits of the baselines simulated before the search (not
+        those beside it, so that a planner that cannot fork cuts the same); ``None`` when
+        pipelines are turned off, the allocation is one unit, or the search has no time to
+        simulate a pipeline of two micro-batches. Cutting a large graph takes a fraction
+        of a second per layout: the layouts are cut while the pipelines' share of the
+        search's time lasts (all of it when no baseline fits), and what the cut took
+        counts against that share."""
         if not self.options.pipeline:
             return None
         self._enter("search")
@@ -473,7 +572,11 @@ class Planner:
             self.phases.leave()
             return None
         started = time.perf_counter()
-        fitting = [b.step_time_s for b in self.baselines.values() if not b.oom]
+        fitting = [  # the same in a planner that can fork and in one that cannot
+            b.step_time_s
+            for name, b in self._baselines.items()
+            if not b.oom and name not in _BESIDE_BASELINES
+        ]
         bounded = bounded_layouts(
             self.evaluator,
             pipeline_layouts(self.ir, self.cluster, self.evaluator.costs),
@@ -667,6 +770,7 @@ class Planner:
         self._record_search(outcomes, searched)
         reserve_graphdef = graph_def is not None and self.graphdef
         reserve_s = self._last_steps_s(reserve_graphdef)
+        self._gather_baselines(self.deadline.left_s() - reserve_s)
         self._enter("sfb")
         contenders = self._contenders(best_outcome(searched) if searched else None)
         sfb_s = min(self.options.budget_s * _SFB_SHARE, self.deadline.left_s() - reserve_s)

@@ -55,6 +55,14 @@ def test_forked_work_runs_in_a_child_on_what_the_parent_built() -> None:
 
 
 @forking
+def test_a_forked_child_yields_its_core_by_its_niceness() -> None:
+    caller = os.nice(0)
+    work = BackgroundWork(lambda: os.nice(0), fork=True, niceness=3)
+    assert work.result(30.0) == min(caller + 3, 19)
+    assert os.nice(0) == caller  # the caller keeps its priority
+
+
+@forking
 def test_what_forked_work_raised_is_raised_to_the_caller() -> None:
     def fail() -> None:
         raise ValueError("no solution")

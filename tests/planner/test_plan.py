@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from tagplan.planner import plan as plan_module
 from tagplan.planner.budget import Deadline
 from tagplan.planner.errors import Cancelled, Infeasible, InvalidInput
 from tagplan.planner.forked import can_fork
@@ -116,6 +117,23 @@ def test_trees_in_processes_of_their_own_find_what_they_find_taking_turns() -> N
     assert at_once.evaluations == in_turn.evaluations
     assert max(searched) == 30  # both trees' iterations, merged in the parent
     assert at_once.phases["search"]["status"] == "done"
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs the fork start method")
+def test_baselines_beside_the_search_score_what_they_score_before_it(monkeypatch) -> None:
+    """Where the planner can fork, DP-PS, Baechi's placers and the pipeline are simulated
+    in a child while the search runs: the same scores and the same plan as a planner that
+    cannot fork and simulates them first, and the phase says so."""
+    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    options = PlanOptions(iterations=6, budget_s=600, every_baseline=True, sfb=False)
+    beside = plan(ir, cluster, options=options)
+    monkeypatch.setattr(plan_module, "can_fork", lambda: False)
+    first = plan(ir, cluster, options=options)
+    assert beside.baselines == first.baselines
+    assert {"dp-ps", "m-topo", "m-etf", "m-sct", "pipeline"} <= set(beside.baselines)
+    assert beside.strategy == first.strategy and beside.step_time_s == first.step_time_s
+    assert "simulated beside the search" in beside.phases["baselines"]["note"]
+    assert "beside" not in first.phases["baselines"]["note"]
 
 
 @pytest.mark.skipif(not can_fork(), reason="needs the fork start method")
