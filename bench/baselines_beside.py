@@ -11,16 +11,11 @@ in a forked process of its own either way).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from unittest import mock
 
+from bench.alternating import plans_each_way, way_arguments
 from bench.report import write_section
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
-from tagplan.planner.options import PlanOptions
-from tagplan.planner.plan import _BESIDE_BASELINES, plan
-from tagplan.planner.topology import load_cluster
+from tagplan.planner.plan import _BESIDE_BASELINES
 
 CASES = [
     ("resnet101", "cloud"),
@@ -32,21 +27,11 @@ WAYS = {"before the search": frozenset(), "beside the search": _BESIDE_BASELINES
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=10.0)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = way_arguments(__doc__.splitlines()[0])
     lines = []
     for model, name in CASES:
-        source = load_graph_source(f"zoo:{model}")
-        ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
-        results: dict[str, list] = {way: [] for way in WAYS}
-        for run in range(args.runs):
-            ways = list(WAYS.items())
-            for way, beside in ways if run % 2 == 0 else ways[::-1]:
-                with mock.patch("tagplan.planner.plan._BESIDE_BASELINES", beside):
-                    options = PlanOptions(budget_s=args.budget_s, patience=None)
-                    results[way].append(plan(ir, load_cluster(name), options=options))
+        patches = {way: ("tagplan.planner.plan._BESIDE_BASELINES", v) for way, v in WAYS.items()}
+        results = plans_each_way(model, name, patches, args.budget_s, args.runs)
         for way, runs in results.items():
             cells = [
                 model,

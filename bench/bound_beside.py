@@ -12,16 +12,10 @@ it took beside the other phases (median of those solved) and the plan time (medi
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from unittest import mock
 
+from bench.alternating import plans_each_way, way_arguments
 from bench.report import write_section
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
-from tagplan.planner.options import PlanOptions
-from tagplan.planner.plan import plan
-from tagplan.planner.topology import load_cluster
 
 CASES = [("resnet101", "cloud"), ("bert_large", "scale:64")]
 WAYS = {"thread": False, "forked process": True}
@@ -36,20 +30,13 @@ def _solved_s(result) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=10.0)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = way_arguments(__doc__.splitlines()[0])
     lines = []
     for model, name in CASES:
-        source = load_graph_source(f"zoo:{model}")
-        ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
-        results: dict[str, list] = {way: [] for way in WAYS}
-        for _ in range(args.runs):
-            for way, fork in WAYS.items():
-                with mock.patch("tagplan.planner.background.can_fork", return_value=fork):
-                    options = PlanOptions(budget_s=args.budget_s, patience=None)
-                    results[way].append(plan(ir, load_cluster(name), options=options))
+        patches = {
+            way: ("tagplan.planner.background.can_fork", lambda f=f: f) for way, f in WAYS.items()
+        }
+        results = plans_each_way(model, name, patches, args.budget_s, args.runs)
         for way, runs in results.items():
             solved = [s for s in map(_solved_s, runs) if s is not None]
             cells = [

@@ -249,6 +249,7 @@ class Planner:
         self._model_parallel_bound_s: float | None = None
         self._comm_bound: BackgroundWork[CommBound | None] | None = None
         self._beside: BackgroundWork[_BaselineRun] | None = None  # baselines beside the search
+        self._beside_names: list[str] = []
         self._baseline_run = _BaselineRun({})
         costs = OpCostModel(ir, cluster, profiles=profiles)
         self.evaluator = Evaluator(
@@ -401,6 +402,7 @@ class Planner:
         here = [REFERENCE, *(n for n in names if n not in beside)]
         ends_at = self._score_each(here, run, ends_at, cancel=True)
         if beside:
+            self._beside_names = beside
             self._beside = BackgroundWork(
                 partial(self._score_beside, beside, dict(run.scores), ends_at),
                 name="tagplan-baselines",
@@ -495,12 +497,7 @@ class Planner:
         answered = found is not None
         if found is None:
             beside.stop()
-            names = [
-                n
-                for n in BASELINES
-                if n in _BESIDE_BASELINES and (n != "pipeline" or self.options.pipeline)
-            ]
-            found = _BaselineRun({}, names)
+            found = _BaselineRun({}, list(self._beside_names))
         self._baseline_run.merge(found)
         self._record_baselines(beside_s=beside.seconds if answered else None)
 
