@@ -192,7 +192,8 @@ def test_the_layout_root_values_an_edge_by_its_best_reward_on_the_best_scale() -
 def test_a_tree_whose_strategies_are_all_simulated_stops_as_exhausted() -> None:
     ir = zoo_ir("mlp")
     cluster = gpus("V100-16GB", 1, 2)  # one device group: four actions
-    planner = Planner(ir, cluster, options=PlanOptions(sfb=False, max_groups=2))
+    options = PlanOptions(sfb=False, max_groups=2, pipeline=False)  # TAG's decisions alone
+    planner = Planner(ir, cluster, options=options)
     search = planner._search(0)
     assert search.layouts is None and len(search.space) == 4
     groups = search.grouping.num_groups
