@@ -19,11 +19,13 @@ import numpy as np
 from bench.report import write_section
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.baselines import dp_ps
 from tagplan.planner.sim.simulate import LINK_MODELS, simulate
-from tagplan.planner.strategy import resolve
-from tagplan.planner.topology import load_cluster
+from tagplan.planner.sim.taskgraph import TaskGraph
+from tagplan.planner.strategy import ResolvedStrategy, resolve
+from tagplan.planner.topology import Cluster, load_cluster
 
 
 def cluster_spec(machines: int, gpus: int) -> dict:
@@ -36,23 +38,31 @@ def cluster_spec(machines: int, gpus: int) -> dict:
     }
 
 
+def dp_ps_graph(
+    model: str, batch_size: int | None, cluster_source: object
+) -> tuple[GraphIR, Cluster, ResolvedStrategy, TaskGraph]:
+    """DP-PS of the zoo ``model`` (at ``batch_size``, None for the zoo's) on the cluster
+    ``cluster_source`` names, compiled per GPU: the graph, cluster, strategy and tasks."""
+    source = load_graph_source(f"zoo:{model}")
+    ir = analyze(
+        source.graph_def,
+        batch_inputs=source.batch_inputs,
+        loss=source.loss,
+        batch_size=batch_size,
+    )
+    cluster = load_cluster(cluster_source)
+    evaluator = Evaluator(ir, cluster)
+    strategy = dp_ps(ir, cluster, evaluator.costs)
+    resolved = resolve(strategy, ir, cluster, op_work=evaluator.costs.work.flops)
+    return ir, cluster, resolved, evaluator.compiler.compile(resolved).task_graph
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="inception_v3")
     parser.add_argument("--batch-size", type=int, default=4096)
     args = parser.parse_args()
-    source = load_graph_source(f"zoo:{args.model}")
-    ir = analyze(
-        source.graph_def,
-        batch_inputs=source.batch_inputs,
-        loss=source.loss,
-        batch_size=args.batch_size,
-    )
-    cluster = load_cluster(cluster_spec(8, 8))
-    evaluator = Evaluator(ir, cluster)
-    strategy = dp_ps(ir, cluster, evaluator.costs)
-    resolved = resolve(strategy, ir, cluster, op_work=evaluator.costs.work.flops)
-    graph = evaluator.compiler.compile(resolved).task_graph
+    ir, cluster, resolved, graph = dp_ps_graph(args.model, args.batch_size, cluster_spec(8, 8))
     shard_bytes = np.zeros(cluster.num_machines)
     np.add.at(
         shard_bytes,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.ps_traffic import cluster_spec
+from bench.ps_traffic import cluster_spec, dp_ps_graph
 from bench.report import (
     add_comparison_arguments,
     before_cells,
@@ -36,15 +36,9 @@ from bench.report import (
     rows_before,
     write_section,
 )
-from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
-from tagplan.planner.search.baselines import dp_ps
 from tagplan.planner.sim import engine
 from tagplan.planner.sim.simulate import LINK_MODELS, LinkModel, simulate, upward_rank
 from tagplan.planner.sim.taskgraph import COMPUTE, TRANSFER, TaskGraph
-from tagplan.planner.strategy import resolve
-from tagplan.planner.topology import load_cluster
 
 # (model, batch or None for the zoo's, cluster name, cluster) of the compiled rows
 COMPILED = [
@@ -163,15 +157,17 @@ def _routes_at_once(tg: TaskGraph, start_s: np.ndarray, finish_s: np.ndarray) ->
         for a, b in zip(tg.link_ptr[comm], tg.link_ptr[comm + 1], strict=True)
     ]
     route = np.unique(np.array([hash(k) for k in keys]), return_inverse=True)[1]
+    # finishes before starts at one time; a route is busy while it has a flow
     events = sorted(
         [(float(start_s[x]), 1, int(r)) for x, r in zip(comm, route, strict=True)]
-        + [(float(finish_s[x]), 0, int(r)) for x, r in zip(comm, route, strict=True)]
+        + [(float(finish_s[x]), -1, int(r)) for x, r in zip(comm, route, strict=True)]
     )
-    flows, most = np.zeros(route.max() + 1 if len(route) else 0, dtype=np.int64), 0
-    busy = 0
-    for _, starts, r in events:
-        flows[r] += 1 if starts else -1
-        busy += 1 if starts and flows[r] == 1 else -1 if not starts and flows[r] == 0 else 0
+    flows = np.zeros(len(route) and route.max() + 1, dtype=np.int64)
+    busy = most = 0
+    for _, change, r in events:
+        was = flows[r]
+        flows[r] += change
+        busy += int(flows[r] > 0) - int(was > 0)
         most = max(most, busy)
     return most
 
@@ -180,16 +176,7 @@ def compiled_rows(runs: int) -> list[dict]:
     """DP-PS of each :data:`COMPILED` case compiled per GPU, its loop timed."""
     rows = []
     for model, batch, name, cluster_source in COMPILED:
-        source = load_graph_source(f"zoo:{model}")
-        ir = analyze(
-            source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss, batch_size=batch
-        )
-        cluster = load_cluster(cluster_source)
-        evaluator = Evaluator(ir, cluster)
-        resolved = resolve(
-            dp_ps(ir, cluster, evaluator.costs), ir, cluster, op_work=evaluator.costs.work.flops
-        )
-        tg = evaluator.compiler.compile(resolved).task_graph
+        tg = dp_ps_graph(model, batch, cluster_source)[3]
         arrays = _loop_arrays(tg)
         start_s, finish_s, _, _ = engine.schedule(*arrays, False, True)
         rows.append(
