@@ -412,7 +412,7 @@ class _GraphDefCompilation(TransportRules[_Copy]):
                 f"the graph was built for batch {ir.graph_batch_size}; compile it with the IR "
                 f"at that batch, not {ir.batch_size} (batch-dependent constants are kept)"
             )
-        super().__init__(resolved, ir.num_tensors, ir.batch_size, cluster.device_machine.tolist())
+        super().__init__(resolved, ir.batch_size, cluster.device_machine.tolist())
         self.ir, self.cluster = ir, cluster
         self.variable_names = variable_names
         self.source = graph_def

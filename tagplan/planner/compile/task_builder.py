@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Protocol
 
@@ -19,7 +19,14 @@ import numpy as np
 
 from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["Piece", "TaskBuilder"]
+__all__ = ["PART_SHIFT", "FrozenTasks", "Piece", "TaskBuilder"]
+
+PART_SHIFT = 32  # tasks and buffers of other parts, in parts spliced together
+_ITEM = (1 << PART_SHIFT) - 1
+
+# the columns that number tasks or buffers, shifted when frozen tasks are spliced in
+_TASK_NUMBERS = ("edge_src", "edge_dst", "buffer_producer", "read_task")
+_BUFFER_NUMBERS = ("read_buffer",)
 
 
 class Piece(Protocol):
@@ -49,13 +56,27 @@ def _numpy(column: array) -> np.ndarray:
     return np.frombuffer(column, dtype=column.typecode).copy()
 
 
+@dataclass(frozen=True, eq=False)
+class FrozenTasks:
+    """Tasks, buffers and reads built apart and numbered from 0 (:meth:`TaskBuilder.freeze`),
+    to splice into task graphs any number of times (:meth:`TaskBuilder.spliced`): each
+    column's bytes, and the columns that number tasks or buffers as arrays to renumber."""
+
+    num_tasks: int
+    num_buffers: int
+    names: list[str]
+    plain: dict[str, bytes]
+    numbers: dict[str, np.ndarray]
+
+
 @dataclass(eq=False)
 class TaskBuilder:
     """The task graph being built, one typed array per column (the names: a list).
     Dependencies and buffer reads are ``(from, to)`` pairs that may repeat; :meth:`build`
     drops repeats and sorts them.
 
-    Tasks and buffers are numbered in the order they are added.
+    Buffers are numbered in the order they are added, tasks too until :meth:`build`
+    numbers them by the op each was made for (``made_for`` when it was added).
     """
 
     num_devices: int
@@ -76,6 +97,8 @@ class TaskBuilder:
     buffer_producer: array = field(default_factory=partial(array, "i"))
     read_buffer: array = field(default_factory=partial(array, "q"))
     read_task: array = field(default_factory=partial(array, "q"))
+    origin: array = field(default_factory=partial(array, "i"))  # the op each task is for
+    made_for: int = 0
 
     def task(
         self,
@@ -100,6 +123,7 @@ class TaskBuilder:
         self.nbytes.append(nbytes)
         self.latency.append(latency_s)
         self.names.append(name)
+        self.origin.append(self.made_for)
         self.link_count.append(len(links))
         self.link_index.extend(links)
         self.link_share.extend(shares or [1.0] * len(links))
@@ -139,6 +163,7 @@ class TaskBuilder:
         self.nbytes.append(0)
         self.latency.append(0.0)
         self.names.append(name)
+        self.origin.append(self.made_for)
         self.link_count.append(0)
         return len(self.kind) - 1
 
@@ -153,6 +178,7 @@ class TaskBuilder:
         self.nbytes.extend([0] * count)
         self.latency.extend([0.0] * count)
         self.names.extend(names)
+        self.origin.extend([self.made_for] * count)
         self.link_count.extend([0] * count)
         return list(range(first, first + count))
 
@@ -181,6 +207,46 @@ class TaskBuilder:
         self.read_buffer.append(copy.buffer)
         self.read_task.append(task)
 
+    def freeze(self) -> FrozenTasks:
+        """What was built, kept to splice into other builders."""
+        columns = [f.name for f in fields(self) if isinstance(getattr(self, f.name), array)]
+        shifted = _TASK_NUMBERS + _BUFFER_NUMBERS
+        return FrozenTasks(
+            num_tasks=len(self.kind),
+            num_buffers=len(self.buffer_device),
+            names=list(self.names),
+            plain={c: getattr(self, c).tobytes() for c in columns if c not in shifted},
+            numbers={c: _numpy(getattr(self, c)) for c in shifted},
+        )
+
+    @classmethod
+    def spliced(
+        cls, num_devices: int, parts: Sequence[FrozenTasks]
+    ) -> tuple[TaskBuilder, np.ndarray, np.ndarray]:
+        """A builder holding ``parts`` one after another, and the numbers each part's first
+        task and first buffer took. In a part, task or buffer ``i`` is its own ``i``-th,
+        and ``((q + 1) << PART_SHIFT) + i`` the ``i``-th of part ``q``: parts built apart
+        may name each other's."""
+        builder = cls(num_devices)
+        first_task = np.cumsum([0] + [p.num_tasks for p in parts], dtype=np.int64)
+        first_buffer = np.cumsum([0] + [p.num_buffers for p in parts], dtype=np.int64)
+        if not parts:
+            return builder, first_task[:-1], first_buffer[:-1]
+        for column in parts[0].plain:
+            getattr(builder, column).frombytes(b"".join(p.plain[column] for p in parts))
+        for column in _TASK_NUMBERS + _BUFFER_NUMBERS:
+            first = first_task if column in _TASK_NUMBERS else first_buffer
+            numbers = [p.numbers[column] for p in parts]
+            values = np.concatenate(numbers).astype(np.int64)
+            part = np.repeat(np.arange(len(parts)), [len(n) for n in numbers])
+            named = values >> PART_SHIFT
+            base = np.where(named == 0, first[part], first[np.maximum(named - 1, 0)])
+            target = getattr(builder, column)
+            target.frombytes((base + (values & _ITEM)).astype(target.typecode).tobytes())
+        for p in parts:
+            builder.names.extend(p.names)
+        return builder, first_task[:-1], first_buffer[:-1]
+
     def build(
         self,
         persistent: np.ndarray,
@@ -188,39 +254,52 @@ class TaskBuilder:
         device_names,
         link_names,
         more_edges: tuple[np.ndarray, np.ndarray],
-    ) -> TaskGraph:
-        """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added."""
+    ) -> tuple[TaskGraph, np.ndarray]:
+        """The task graph, with ``more_edges`` (``(pred, succ)`` arrays) added, and the
+        number each task takes in it: tasks are numbered by the op each was made for, then
+        in the order they were added, as a graph compiled op after op in graph order
+        numbers them (the simulator breaks ties by number, as TensorFlow's executor by
+        the graph's order), whatever order the compiler made them in."""
         n = len(self.kind)
-        src = np.concatenate([_numpy(self.edge_src), more_edges[0]])
-        dst = np.concatenate([_numpy(self.edge_dst), more_edges[1]])
+        order = np.argsort(_numpy(self.origin), kind="stable")
+        number = np.empty(n, dtype=np.int64)
+        number[order] = np.arange(n)
+        src = number[np.concatenate([_numpy(self.edge_src), more_edges[0]]).astype(np.int64)]
+        dst = number[np.concatenate([_numpy(self.edge_dst), more_edges[1]]).astype(np.int64)]
         succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
         consumer_ptr, consumer_task = _pairs_csr(
-            _numpy(self.read_buffer), _numpy(self.read_task), len(self.buffer_device), n
+            _numpy(self.read_buffer), number[_numpy(self.read_task)], len(self.buffer_device), n
         )
+        link_count = _numpy(self.link_count)
+        link_start = np.cumsum(link_count) - link_count
         link_ptr = np.zeros(n + 1, dtype=np.int32)
-        link_ptr[1:] = np.cumsum(_numpy(self.link_count))
-        return TaskGraph(
+        link_ptr[1:] = np.cumsum(link_count[order])
+        links = np.repeat(link_start[order] - link_ptr[:-1], link_count[order])
+        links += np.arange(len(links))
+        names = self.names
+        graph = TaskGraph(
             num_devices=self.num_devices,
             num_links=num_links,
-            task_kind=_numpy(self.kind),
-            task_device=_numpy(self.device),
-            task_duration_s=_numpy(self.duration),
+            task_kind=_numpy(self.kind)[order],
+            task_device=_numpy(self.device)[order],
+            task_duration_s=_numpy(self.duration)[order],
             task_priority=np.zeros(n, dtype=np.float64),
-            task_group=_numpy(self.group),
-            task_bytes=_numpy(self.nbytes),
-            task_latency_s=_numpy(self.latency),
+            task_group=_numpy(self.group)[order],
+            task_bytes=_numpy(self.nbytes)[order],
+            task_latency_s=_numpy(self.latency)[order],
             link_ptr=link_ptr,
-            link_index=_numpy(self.link_index),
-            link_share=_numpy(self.link_share),
+            link_index=_numpy(self.link_index)[links],
+            link_share=_numpy(self.link_share)[links],
             succ_ptr=succ_ptr,
             succ_index=succ_index,
             buffer_device=_numpy(self.buffer_device),
             buffer_bytes=_numpy(self.buffer_bytes),
-            buffer_producer=_numpy(self.buffer_producer),
+            buffer_producer=number[_numpy(self.buffer_producer)].astype(np.int32),
             consumer_ptr=consumer_ptr,
             consumer_task=consumer_task,
             persistent_bytes=persistent,
             device_names=tuple(device_names),
             link_names=tuple(link_names),
-            task_names=tuple(self.names),
+            task_names=tuple(names[i] for i in order.tolist()),
         )
+        return graph, number

@@ -24,25 +24,35 @@ ports and uplinks of every participant (:mod:`.links`: routes, shares, latency p
 A search compiles hundreds of strategies of one graph, so :class:`TaskCompiler` prepares
 what does not depend on the strategy once — the IR's adjacency and tensor sizes as Python
 lists, every path's links, communication times per devices and bytes — and the loop over
-op instances touches only lists and dicts. Neighbouring strategies place most ops alike,
-so what publishing an op's outputs adds is remembered across compiles by the op's rows
-(and shared by the ops whose outputs have the same kinds and sizes).
-An op's outputs are published as blocks, not one copy per instance: a reader with the
-same rows (most of data parallelism) reads them as ranges, and any other rule first
-turns the block into the copies it looks up. Op times are set for every instance at once
-when the graph is built.
+op instances touches only lists and dicts. The ops are compiled chunk by chunk
+(:mod:`.walk`: the op groups a search decides together), each chunk's ops with the inputs
+made in the chunk (its *fragment*), then each chunk's tensors read by other chunks (its
+*crossing*). Each is compiled alone, numbered from 0, and kept by what it depends on (the
+placement of its ops, and for a crossing the readers'); a strategy's task graph splices
+them together and renumbers them (:meth:`~.task_builder.TaskBuilder.spliced`), so a
+neighbouring strategy compiles only the fragments and crossings its new decisions touch.
+The graph numbers tasks by the op each was made for, as an op-by-op compile would, so the
+simulator breaks ties alike whatever order the parts were made in.
+Within a fragment, what publishing an op's outputs adds is remembered across compiles by
+the op's rows (and shared by the ops whose outputs have the same kinds and sizes), and
+the outputs are published as blocks, not one copy per instance: a reader with the same
+rows (most of data parallelism) reads them as ranges, and any other rule first turns the
+block into the copies it looks up. Op times are set for every instance at once when the
+graph is built.
 
 Why one module: the emitters share the per-compile state (the transport planner's copies
-and transfer cache, the published blocks, the collectives awaiting their sync mode);
-split, each part would take that state as arguments in the innermost loop of the search.
+and transfer cache, the published blocks, the collectives awaiting their sync mode), and
+a fragment or crossing is that state for some ops, saved and restored; split, each part
+would take that state as arguments in the innermost loop of the search.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -67,7 +77,7 @@ from tagplan.planner.compile.symmetry import (
     reads_across_layouts,
     symmetry_classes,
 )
-from tagplan.planner.compile.task_builder import TaskBuilder
+from tagplan.planner.compile.task_builder import PART_SHIFT, FrozenTasks, TaskBuilder
 from tagplan.planner.compile.transport import (
     FULL,
     SLICE,
@@ -76,10 +86,12 @@ from tagplan.planner.compile.transport import (
     published_rows,
     split_kinds,
 )
+from tagplan.planner.compile.walk import Walk, walk
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph
 from tagplan.planner.strategy import Collective, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
@@ -87,6 +99,7 @@ from tagplan.planner.topology import Cluster
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler keeps
+_REMEMBERED_TASKS = 2_000_000  # tasks of the fragments and crossings a compiler keeps
 
 
 class _Copy(NamedTuple):
@@ -161,6 +174,32 @@ class _Block(NamedTuple):
 _Ready = list[_Copy] | _Block  # the copies every instance of an op reads, in order
 
 
+class _Exported(NamedTuple):
+    """What a fragment leaves of one tensor that other chunks read, where the rules look
+    it up: its copies, whole copies and slices by rows, partial sums, per-replica values
+    by GPU, and its block if not yet turned into copies."""
+
+    copies: tuple[_Copy, ...]
+    cache: tuple[tuple[tuple[int, int, int, int], _Copy], ...]
+    partials: tuple[tuple[tuple[int, int, int, int], _Copy], ...]
+    replica_values: tuple[tuple[int, tuple[_Copy, ...]], ...]
+    block: _Block | None
+
+
+class _Part(NamedTuple):
+    """A chunk's fragment or crossing (:mod:`.walk`), compiled alone: its tasks and
+    buffers (numbered from 0; a crossing names its chunk's and the readers' fragments'
+    as :meth:`~.task_builder.TaskBuilder.spliced` reads them), the compute task of each
+    instance of a fragment's ops (in the walk's order), the gradients' AllReduces, the
+    transfers standing for several flows, and what a fragment exports by tensor."""
+
+    tasks: FrozenTasks
+    instance_task: np.ndarray
+    collectives: tuple[_Collective, ...]
+    transfer_flows: tuple[tuple[int, int], ...]
+    exported: dict[int, _Exported]
+
+
 @dataclass(eq=False)
 class CompiledTasks:
     """The task graph plus what maps it back to the strategy."""
@@ -203,8 +242,9 @@ class TaskCompiler:
     """Compiles strategies for one graph on one cluster into task graphs.
 
     Everything that does not depend on the strategy is prepared here once, and op and
-    communication times are remembered across strategies: keep one per (graph, cluster)
-    when compiling many strategies (:class:`~tagplan.planner.evaluate.Evaluator` does).
+    communication times, fragments and crossings are remembered across strategies: keep
+    one per (graph, cluster) when compiling many strategies
+    (:class:`~tagplan.planner.evaluate.Evaluator` does).
     """
 
     def __init__(
@@ -254,6 +294,10 @@ class TaskCompiler:
         self._remembered_instances = 0
         self._p2p_s: dict[tuple[int, int, int], float] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
+        self._walk: Walk | None = None
+        self._parts: dict[tuple, _Part | Asymmetric] = {}
+        self._remembered_tasks = 0
+        self._collective_code = {c: i for i, c in enumerate(Collective)}
 
     def _output_signatures(self) -> list[int]:
         """Per op, a number that ops whose outputs publish alike share: what
@@ -358,6 +402,36 @@ class TaskCompiler:
             return full
         return round(full * ((hi - lo) // members) / self.ir.batch_size)
 
+    def collective_codes(self, collectives: Sequence[Collective]) -> np.ndarray:
+        """A number per group's AllReduce algorithm."""
+        return np.array([self._collective_code[c] for c in collectives], dtype=np.int32)
+
+    @property
+    def walk(self) -> Walk:
+        """The order every strategy is compiled in (:mod:`.walk`): the graph in the op
+        groups a search on this cluster groups it into by default (TAG §4.1.1)."""
+        if self._walk is None:
+            op_time_s = cluster_mean_op_time_s(self.ir, self.cluster, self.costs)
+            self._walk = walk(self.ir, group_ops(self.ir, op_time_s).op_group)
+        return self._walk
+
+    def part(self, key: tuple) -> _Part | Asymmetric | None:
+        """The fragment or crossing compiled under ``key``, or the refusal it met;
+        ``None`` when new."""
+        found = self._parts.pop(key, None)
+        if found is not None:  # the most recently used are the last to go
+            self._parts[key] = found
+        return found
+
+    def remember(self, key: tuple, part: _Part | Asymmetric) -> None:
+        """Keep ``part`` for the strategies that place its ops alike, the least recently
+        used going first past ``_REMEMBERED_TASKS``."""
+        self._parts[key] = part
+        self._remembered_tasks += _task_count(part)
+        while self._remembered_tasks > _REMEMBERED_TASKS and len(self._parts) > 1:
+            oldest = next(iter(self._parts))
+            self._remembered_tasks -= _task_count(self._parts.pop(oldest))
+
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
         names = self._instance_names[op]
@@ -399,7 +473,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         placement: Placement,
         symmetry: Symmetry | None = None,
     ) -> None:
-        super().__init__(resolved, fixed.ir.num_tensors, fixed.ir.batch_size, fixed.device_machine)
+        super().__init__(resolved, fixed.ir.batch_size, fixed.device_machine)
         self.fixed = fixed
         self.placement, self.symmetry = placement, symmetry
         num_devices = fixed.cluster.num_devices
@@ -416,7 +490,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.inst_ptr = placement.inst_ptr.tolist()
         self.inst_device = placement.inst_device.tolist()
         self.inst_lo, self.inst_hi = placement.inst_lo.tolist(), placement.inst_hi.tolist()
-        self.instance_task = [0] * placement.num_instances
+        self.instance_task = np.zeros(placement.num_instances, dtype=np.int64)
         self.out = TaskBuilder(fixed.cluster.num_devices)
         self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
         self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
@@ -704,11 +778,11 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             )
         )
 
-    def _ready_inputs(self, op: int, rows: _Rows) -> list[_Ready | None]:
-        """Per input of ``op``, the copy each instance (at ``rows``) reads when every one
-        is already on its GPU (the common case: a layer reading its replica's activations
-        and the local mirror of a weight), or the block that holds them in the
-        instances' order; ``None`` for an input some instance needs a transfer or an
+    def _ready_inputs(self, op: int, rows: _Rows, inputs: list[int]) -> list[_Ready | None]:
+        """Per input of ``op`` in ``inputs``, the copy each instance (at ``rows``) reads
+        when every one is already on its GPU (the common case: a layer reading its
+        replica's activations and the local mirror of a weight), or the block that holds
+        them in the instances' order; ``None`` for an input some instance needs a transfer or an
         auxiliary op for. Only looks: the rules give the same copies when this finds them,
         and compiling the op's instances adds copies of its other inputs alone."""
         cache, batch, pending = self.cache, self.batch, self.pending
@@ -716,7 +790,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         kinds = self.fixed.tensor_split_kind
         whole_keys = None
         ready: list[_Ready | None] = []
-        for tensor in self.fixed.op_inputs[op]:
+        for tensor in inputs:
             by_rows = split and carries[tensor]
             partial = not by_rows and self.op_adds_partials[op] and kinds[tensor] == SUM
             block = pending.get(tensor)
@@ -743,13 +817,15 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             ready.append(None if None in copies else copies)
         return ready
 
-    def _inputs(self, op: int, inst: int, task: int, ready: list[_Ready | None]) -> None:
-        """Bring the inputs of one instance of ``op`` that :meth:`_ready_inputs` found
+    def _inputs(
+        self, op: int, inst: int, task: int, ready: list[_Ready | None], inputs: list[int]
+    ) -> None:
+        """Bring the ``inputs`` of one instance of ``op`` that :meth:`_ready_inputs` found
         no copy of to it (TAG §4.3.1)."""
         split, carries = self.op_split[op], self.fixed.tensor_carries
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         kinds = self.fixed.tensor_split_kind
-        for tensor, found in zip(self.fixed.op_inputs[op], ready, strict=True):
+        for tensor, found in zip(inputs, ready, strict=True):
             if found is not None:
                 continue
             if split and carries[tensor]:
@@ -831,20 +907,21 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             ],
         )
 
-    def _op(self, op: int) -> None:
-        """Every instance of ``op``, in order, with the tasks that bring it its inputs
-        (the task graph keeps dependencies as a set: the order they are added in does not
+    def _op(self, op: int, inputs: list[int]) -> None:
+        """Every instance of ``op``, in order, with the tasks that bring it ``inputs`` (the
+        task graph keeps dependencies as a set: the order they are added in does not
         matter)."""
+        self.out.made_for = op
         instances = range(self.inst_ptr[op], self.inst_ptr[op + 1])
         rows = self._rows(op)
-        ready = self._ready_inputs(op, rows)
+        ready = self._ready_inputs(op, rows, inputs)
         if None in ready:
             tasks = []
             out, group, devices = self.out, self.op_group[op], self.inst_device
             names = self.fixed.instance_names(op, 0, len(instances))
             for inst, name in zip(instances, names, strict=True):
                 task = self.instance_task[inst] = out.compute_task(devices[inst], group, name)
-                self._inputs(op, inst, task, ready)  # may add transfers, Split/Concat/AddN
+                self._inputs(op, inst, task, ready, inputs)  # may add transfers and aux ops
                 tasks.append(task)
             self._read_ready(ready, tasks)
             self._publish_copies(op, rows, tasks)
@@ -852,6 +929,214 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             tasks = self._compute(op, instances)
             self._read_ready(ready, tasks)
             self._publish(op, rows, tasks[0])
+
+    def _reads(self, op: int, inputs: list[int]) -> None:
+        """Bring ``inputs`` (made in other op groups) to the instances of ``op``, whose
+        tasks a fragment made."""
+        self.out.made_for = op
+        start, stop = self.inst_ptr[op], self.inst_ptr[op + 1]
+        ready = self._ready_inputs(op, self._rows(op), inputs)
+        tasks = self.instance_task[start:stop].tolist()
+        if None in ready:
+            for inst, task in zip(range(start, stop), tasks, strict=True):
+                self._inputs(op, inst, task, ready, inputs)
+        self._read_ready(ready, tasks)
+
+    # fragments and crossings ---------------------------------------------------------------
+    def _forget(self) -> None:
+        """Start a task graph anew, with no copies of any tensor."""
+        self._forget_copies()
+        self.out = TaskBuilder(self.fixed.cluster.num_devices)
+        self.pending = {}
+        self.transfer_flows = {}
+
+    def _fragment_keys(self, walk: Walk, instances: np.ndarray, bounds: np.ndarray) -> list:
+        """Per chunk of ``walk``, what its fragment depends on: the rows of its ops'
+        instances, each op's instance count, mode, op group and its AllReduces'
+        algorithm, and the classes its GPUs stand for; ``None`` for a pipeline's (not
+        remembered)."""
+        if self.resolved.pipeline is not None:
+            return [None] * walk.num_chunks
+        placement, resolved, order = self.placement, self.resolved, walk.op_order
+        rows = np.stack(
+            (
+                placement.inst_device[instances],
+                placement.inst_lo[instances],
+                placement.inst_hi[instances],
+            ),
+            axis=1,
+        )
+        codes = self.fixed.collective_codes(resolved.group_collective)
+        group = resolved.op_group[order]
+        per_op = np.stack(
+            (
+                np.diff(placement.inst_ptr)[order],
+                placement.op_mode[order].astype(np.int32),
+                group,
+                codes[group],
+            ),
+            axis=1,
+        )
+        op_bounds = walk.op_bounds
+        return [
+            (
+                k,
+                self._classes_key(rows[bounds[k] : bounds[k + 1], 0]),
+                rows[bounds[k] : bounds[k + 1]].tobytes(),
+                per_op[op_bounds[k] : op_bounds[k + 1]].tobytes(),
+            )
+            for k in range(walk.num_chunks)
+        ]
+
+    def _classes_key(self, devices: np.ndarray) -> bytes:
+        """The classes of the representatives among ``devices``, each GPU of them with
+        its representative: all a fragment on those GPUs reads of the classes (their
+        sizes, the GPUs a ring over them expands to), so that a strategy that makes other
+        classes elsewhere still finds it."""
+        if self.symmetry is None:
+            return b""
+        representative = self.symmetry.representative
+        members = np.flatnonzero(np.isin(representative, devices)).astype(np.int32)
+        return members.tobytes() + representative[members].tobytes()
+
+    def _part(self, key: tuple | None, compile_part: Callable[[], _Part]) -> _Part:
+        """The part remembered under ``key``, else ``compile_part()`` (remembered, as is
+        a refusal to compile it by class)."""
+        found = None if key is None else self.fixed.part(key)
+        if isinstance(found, Asymmetric):
+            raise found
+        if found is None:
+            try:
+                found = compile_part()
+            except Asymmetric as refused:
+                if key is not None:
+                    self.fixed.remember(key, refused)
+                raise
+            if key is not None:
+                self.fixed.remember(key, found)
+        return found
+
+    def _fragment(self, walk: Walk, k: int, instances: np.ndarray) -> _Part:
+        """Chunk ``k``'s ops (their ``instances``) with the inputs made in the chunk."""
+        self._forget()
+        for op, inputs in zip(walk.ops[k], walk.inputs[k], strict=True):
+            self._op(op, inputs)
+        return _Part(
+            self.out.freeze(),
+            self.instance_task[instances],
+            tuple(self.collectives),
+            tuple(self.transfer_flows.items()),
+            self._exported(walk.exported(k)),
+        )
+
+    def _exported(self, tensors: frozenset[int]) -> dict[int, _Exported]:
+        """What the rules keep of each of ``tensors``."""
+        if not tensors:
+            return {}
+        cache: dict[int, list] = {t: [] for t in tensors}
+        for item in self.cache.items():
+            if item[0][0] in cache:
+                cache[item[0][0]].append(item)
+        partials: dict[int, list] = {t: [] for t in tensors}
+        for item in self.partials.items():
+            if item[0][0] in partials:
+                partials[item[0][0]].append(item)
+        return {
+            t: _Exported(
+                tuple(self.copies.get(t, ())),
+                tuple(cache[t]),
+                tuple(partials[t]),
+                tuple((d, tuple(c)) for d, c in self.replica_values.get(t, {}).items()),
+                self.pending.get(t),
+            )
+            for t in tensors
+        }
+
+    def _crossing(self, walk: Walk, k: int, fragments: list[_Part], named: np.ndarray) -> _Part:
+        """The reads of chunk ``k``'s tensors by other chunks, each instance's compute task
+        ``named`` as part of its fragment (:meth:`~.task_builder.TaskBuilder.spliced`)."""
+        self._forget()
+        shift = (k + 1) << PART_SHIFT
+        exported = fragments[k].exported
+
+        def moved(c: _Copy) -> _Copy:
+            return _Copy(c.device, c.lo, c.hi, c.kind, c.task + shift, c.buffer + shift, c.count)
+
+        for tensor, _ in walk.crossings[k]:
+            state = exported[tensor]
+            self.copies[tensor] = [moved(c) for c in state.copies]
+            self.cache.update((key, moved(c)) for key, c in state.cache)
+            self.partials.update((key, moved(c)) for key, c in state.partials)
+            if state.replica_values:
+                self.replica_values[tensor] = {
+                    d: [moved(c) for c in copies] for d, copies in state.replica_values
+                }
+            if state.block is not None:
+                self.pending[tensor] = state.block._replace(
+                    first_task=state.block.first_task + shift,
+                    first_buffer=state.block.first_buffer + shift,
+                )
+        own, self.instance_task = self.instance_task, named
+        try:
+            for tensor, reads in walk.crossings[k]:
+                for op, count in reads:
+                    self._reads(op, [tensor] * count)
+        finally:
+            self.instance_task = own
+        return _Part(
+            self.out.freeze(),
+            _NO_TASKS,
+            tuple(self.collectives),
+            tuple(self.transfer_flows.items()),
+            {},
+        )
+
+    def _parts(self) -> tuple[list[_Part], list[np.ndarray]]:
+        """Every chunk's fragment, then every chunk's crossing, each remembered or
+        compiled; the instances of each chunk's ops in the walk's order."""
+        walk = self.fixed.walk
+        order, bounds = _instances_by_chunk(walk, self.placement)
+        instances = [order[bounds[k] : bounds[k + 1]] for k in range(walk.num_chunks)]
+        keys = self._fragment_keys(walk, order, bounds)
+        fragments = [
+            self._part(key, partial(self._fragment, walk, k, instances[k]))
+            for k, key in enumerate(keys)
+        ]
+        named = np.zeros(self.placement.num_instances, dtype=np.int64)
+        for k, fragment in enumerate(fragments):
+            named[instances[k]] = fragment.instance_task + ((k + 1) << PART_SHIFT)
+        crossings = [
+            self._part(
+                None if key is None else ("crossing", key, *(keys[r] for r in walk.readers[k])),
+                partial(self._crossing, walk, k, fragments, named),
+            )
+            for k, key in enumerate(keys)
+        ]
+        return fragments + crossings, instances
+
+    def _splice(self, parts: list[_Part], instances: list[np.ndarray]) -> None:
+        """The task graph of ``parts`` (fragments first, one per chunk of ``instances``),
+        renumbered."""
+        self._forget()
+        self.out, first_task, _ = TaskBuilder.spliced(
+            self.fixed.cluster.num_devices, [p.tasks for p in parts]
+        )
+        first = first_task.tolist()
+        for k, chunk in enumerate(instances):
+            self.instance_task[chunk] = parts[k].instance_task + first[k]
+
+        def task(number: int, part: int) -> int:
+            named, item = divmod(number, 1 << PART_SHIFT)
+            return (first[named - 1] if named else first[part]) + item
+
+        for p, part in enumerate(parts):
+            self.collectives.extend(
+                c._replace(task=task(c.task, p), inputs=frozenset(task(t, p) for t in c.inputs))
+                for c in part.collectives
+            )
+            self.transfer_flows.update((task(t, p), flows) for t, flows in part.transfer_flows)
+        origin = self.out.origin  # the AllReduces in the order of the ops that read them
+        self.collectives.sort(key=lambda c: origin[c.task])
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance
@@ -909,11 +1194,11 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
     def compile(self) -> CompiledTasks:
         # a pipeline that cannot run is refused before anything is compiled
         barriers = phase_barriers(self.fixed.ir, self.resolved, self.placement)
-        for op in range(self.fixed.ir.num_ops):
-            self._op(op)
-        self._schedule_collectives()
+        self._splice(*self._parts())
         fixed = self.fixed
-        instance_task = np.array(self.instance_task, dtype=np.int32)
+        self.out.made_for = fixed.ir.num_ops  # what follows is made for no op: last in ties
+        self._schedule_collectives()
+        instance_task = self.instance_task
         for name, waits, releases in barriers:
             group = self.op_group[
                 int(np.searchsorted(self.placement.inst_ptr, releases[0], "right")) - 1
@@ -925,20 +1210,40 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
                 frozenset(instance_task[waits].tolist()),
                 instance_task[releases].tolist(),
             )
-        graph = self.out.build(
+        graph, number = self.out.build(
             self._persistent_bytes(),
             fixed.links.num_links,
             fixed.device_names,
             fixed.links.names,
             self._control_edges(instance_task),
         )
+        instance_task = number[instance_task].astype(np.int32)
         measured = self._compute_seconds(instance_task, graph.task_duration_s)
         copies = None
         if self.symmetry is not None:  # a compute task stands for its class's members
             members = self.symmetry.members[np.maximum(graph.task_device, 0)]
             copies = np.where(graph.task_kind == COMPUTE, members, 1).astype(np.float64)
-            copies[list(self.transfer_flows)] = list(self.transfer_flows.values())
+            flows = self.transfer_flows
+            copies[number[np.array(list(flows), dtype=np.int64)]] = list(flows.values())
         return CompiledTasks(graph, self.placement, instance_task, measured, self.symmetry, copies)
+
+
+_NO_TASKS = np.zeros(0, dtype=np.int64)
+
+
+def _task_count(part: _Part | Asymmetric) -> int:
+    return 0 if isinstance(part, Asymmetric) else part.tasks.num_tasks
+
+
+def _instances_by_chunk(walk: Walk, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
+    """The instances of ``placement`` in the order of ``walk`` (its ops chunk by chunk,
+    each op's instances in order), and where each chunk's start (one more at the end)."""
+    ptr = placement.inst_ptr.astype(np.int64)
+    counts = np.diff(ptr)[walk.op_order]
+    ends = np.cumsum(counts)
+    instances = np.repeat(ptr[walk.op_order] - (ends - counts), counts)
+    instances += np.arange(len(instances))
+    return instances, np.concatenate(([0], ends))[walk.op_bounds]
 
 
 def _all_pairs(

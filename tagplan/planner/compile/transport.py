@@ -34,6 +34,7 @@ value), and, once every op is placed, when the gradients' AllReduces run
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
@@ -118,13 +119,16 @@ class TransportRules(Generic[C]):
     def __init__(
         self,
         resolved: ResolvedStrategy,
-        num_tensors: int,
         batch: int,
         device_machine: Sequence[int],
     ) -> None:
         self.resolved, self.batch = resolved, batch
         self.device_machine = device_machine
-        self.copies: list[list[C]] = [[] for _ in range(num_tensors)]
+        self._forget_copies()
+
+    def _forget_copies(self) -> None:
+        """Start with no copies of any tensor and no AllReduces."""
+        self.copies: defaultdict[int, list[C]] = defaultdict(list)  # by tensor
         self.cache: dict[tuple[int, int, int, int], C] = {}  # (tensor, device, lo, hi)
         self.partials: dict[tuple[int, int, int, int], C] = {}  # partial sums, same key
         # per-replica values (batch statistics, shapes) by tensor, then device

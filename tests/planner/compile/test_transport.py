@@ -24,7 +24,7 @@ class Recorder(TransportRules[Piece]):
     """Emits nothing but a log of what the rules asked for."""
 
     def __init__(self, readers: set[int], *, micro_batched: bool = False) -> None:
-        super().__init__(None, 1, BATCH, MACHINE)  # no gradients: no strategy to sync them
+        super().__init__(None, BATCH, MACHINE)  # no gradients: no strategy to sync them
         self.readers, self.micro = readers, micro_batched
         self.log: list[tuple] = []
 
