@@ -96,6 +96,7 @@ from tagplan.planner.compile.transport import (
     published_rows,
     split_kinds,
 )
+from tagplan.planner.compile.walk import Walk, default_walk
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.constants import tensor_ints
@@ -783,28 +784,60 @@ class _GraphDefCompilation(TransportRules[_Copy]):
             ref = node if slot == 0 else f"{node}:{slot}"
             self._record_copies(tensor, (_Copy(device, lo_t, hi_t, kind, ref),))
 
-    def _instance(self, op: int, inst: int) -> None:
-        ir = self.ir
-        name = self.instance_node[inst]
+    def _read(self, op: int, inst: int, positions: list[int], refs: list[str]) -> None:
+        """What instance ``inst`` of ``op`` reads at input ``positions``, into ``refs``
+        (TAG §4.3.1)."""
         device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
         split = self.op_split[op]
         adds_partials = self.adds_partials_list[op]
-        # the input a split instance reads at its own rows: its shape argument
-        local_shape = self.shape_argument[op] if split and not adds_partials else -1
-        batch_axis, aggregation = self.batch_axis, self.aggregation
-        inputs: list[str] = []
-        for position, tensor in enumerate(self.op_inputs[op]):
+        batch_axis, aggregation, tensors = self.batch_axis, self.aggregation, self.op_inputs[op]
+        for position in positions:
+            tensor = tensors[position]
             if split and batch_axis[tensor] >= 0:
                 copy = self._slice(tensor, device, lo, hi, op)
             elif adds_partials and aggregation[tensor] == _AGGREGATE_SUM:
                 copy = self._partial(tensor, device, lo, hi)
             else:
                 copy = self._same_replica(tensor, device, lo, hi) or self._full(tensor, device, op)
-            inputs.append(
-                self._local_shape(op, position, copy.ref, inst)
-                if position == local_shape
-                else copy.ref
-            )
+            refs[position] = copy.ref
+
+    def _walk(self, walk: Walk) -> list[list[str]]:
+        """What every instance reads, in the task graph's order (:mod:`.walk`): chunk by
+        chunk each op's inputs made in its chunk, its outputs published as it goes, then
+        the crossings."""
+        ir, placement = self.ir, self.placement
+        producer, inputs = ir.tensor_producer.tolist(), self.op_inputs
+        chunk = np.empty(ir.num_ops, dtype=np.int64)
+        chunk[walk.op_order] = np.repeat(np.arange(walk.num_chunks), np.diff(walk.op_bounds))
+        chunk_of = chunk.tolist()
+        refs = [[""] * len(inputs[op]) for op in range(ir.num_ops) for _ in placement.instances(op)]
+        for ops in walk.ops:
+            for op in ops:
+                inside = [
+                    p for p, t in enumerate(inputs[op]) if chunk_of[producer[t]] == chunk_of[op]
+                ]
+                for inst in placement.instances(op):
+                    self._read(op, inst, inside, refs[inst])
+                    self._publish(op, inst, self.instance_node[inst])
+        for crossing in walk.crossings:
+            for tensor, reads in crossing.reads:
+                for op, _ in reads:
+                    at = [p for p, t in enumerate(inputs[op]) if t == tensor]
+                    for inst in placement.instances(op):
+                        self._read(op, inst, at, refs[inst])
+        return refs
+
+    def _instance(self, op: int, inst: int, refs: list[str]) -> None:
+        """The node of instance ``inst`` of ``op``, reading ``refs``."""
+        ir = self.ir
+        name = self.instance_node[inst]
+        device, lo, hi = self.inst_device[inst], self.inst_lo[inst], self.inst_hi[inst]
+        split = self.op_split[op]
+        # the input a split instance reads at its own rows: its shape argument
+        local_shape = self.shape_argument[op] if split and not self.adds_partials_list[op] else -1
+        inputs = list(refs)
+        if 0 <= local_shape < len(inputs):
+            inputs[local_shape] = self._local_shape(op, local_shape, refs[local_shape], inst)
         if self.has_control[op]:
             inputs.extend(self._control_inputs(op, inst))
         outputs = self.op_outputs[op]
@@ -826,7 +859,6 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         else:  # the original's other fields, serialized once per op
             template = self.out.template(op, lambda: original)
             self.out.emit(name, template, inputs, self.devices[device], shapes)
-        self._publish(op, inst, name)
 
     def _barrier(self, name: str, waits_for: set[str], releases: list[str]) -> None:
         first = self.out.nodes[releases[0]].device
@@ -938,9 +970,10 @@ class _GraphDefCompilation(TransportRules[_Copy]):
     def compile(self) -> DistributedGraph:
         ir, placement = self.ir, self.placement
         barriers = phase_barriers(ir, self.resolved, placement)  # refused before compiling
+        refs = self._walk(default_walk(ir, self.cluster))
         for op in range(ir.num_ops):
             for inst in placement.instances(op):
-                self._instance(op, inst)
+                self._instance(op, inst, refs[inst])
         loss = None
         if ir.loss_op >= 0:
             first = int(placement.inst_ptr[ir.loss_op])

@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
+from operator import itemgetter
 from typing import Protocol
 
 import numpy as np
@@ -300,6 +301,6 @@ class TaskBuilder:
             persistent_bytes=persistent,
             device_names=tuple(device_names),
             link_names=tuple(link_names),
-            task_names=tuple(names[i] for i in order.tolist()),
+            task_names=tuple(names) if n < 2 else itemgetter(*order.tolist())(names),
         )
         return graph, number

@@ -86,12 +86,11 @@ from tagplan.planner.compile.transport import (
     published_rows,
     split_kinds,
 )
-from tagplan.planner.compile.walk import Walk, walk
+from tagplan.planner.compile.walk import Crossing, Walk, default_walk
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph
 from tagplan.planner.strategy import Collective, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
@@ -120,14 +119,17 @@ class _Copy(NamedTuple):
 
 
 class _Collective(NamedTuple):
-    """A gradient's AllReduce, kept until the group's gradient-sync mode is applied."""
+    """A gradient's AllReduce, kept until the group's gradient-sync mode is applied. It
+    waits for ``inputs``, numbered as in the part it was made in (``part``; -1: this
+    task graph), renumbered only when a sync mode needs them."""
 
     task: int
     group: int
     nbytes: int
     members: tuple[int, ...]
     algorithm: str
-    inputs: frozenset[int]  # the tasks it waits for
+    inputs: tuple[int, ...]
+    part: int = -1
 
 
 _Rows = tuple[tuple[int, int, int], ...]  # (device, lo, hi) per instance
@@ -408,11 +410,9 @@ class TaskCompiler:
 
     @property
     def walk(self) -> Walk:
-        """The order every strategy is compiled in (:mod:`.walk`): the graph in the op
-        groups a search on this cluster groups it into by default (TAG §4.1.1)."""
+        """The order every strategy is compiled in (:func:`~.walk.default_walk`)."""
         if self._walk is None:
-            op_time_s = cluster_mean_op_time_s(self.ir, self.cluster, self.costs)
-            self._walk = walk(self.ir, group_ops(self.ir, op_time_s).op_group)
+            self._walk = default_walk(self.ir, self.cluster)
         return self._walk
 
     def part(self, key: tuple) -> _Part | Asymmetric | None:
@@ -493,6 +493,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.instance_task = np.zeros(placement.num_instances, dtype=np.int64)
         self.out = TaskBuilder(fixed.cluster.num_devices)
         self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
+        self._first: list[int] = []  # each spliced part's first task
         self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
         self.routes: dict[tuple[int, ...], Route] = {}  # by ring
 
@@ -662,7 +663,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         for piece in inputs:
             self.out.read(piece, task)
         if tensor in fixed.gradients:  # gradient sync modes apply to these alone
-            waits = frozenset(piece.task for piece in inputs)
+            waits = tuple(piece.task for piece in inputs)
             self.collectives.append(_Collective(task, reader_group, nbytes, ring, name, waits))
         for member in members:
             buffer = self.out.buffer(member, self._bytes(tensor, 0, batch, memory=True), task)
@@ -720,8 +721,16 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
 
+    def _waits(self, collectives: Sequence[_Collective]) -> frozenset[int]:
+        """Every task ``collectives`` wait for."""
+        return frozenset(
+            t
+            for c in collectives
+            for t in (self._numbers(c.inputs, c.part) if c.part >= 0 else c.inputs)
+        )
+
     def _after_backward(self, group: int, collectives: list[_Collective]) -> None:
-        every_gradient = frozenset().union(*(c.inputs for c in self.collectives))
+        every_gradient = self._waits(self.collectives)
         releases = [c.task for c in collectives]
         _barrier(self.out, "after backward", group, every_gradient, releases)
 
@@ -736,7 +745,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             seconds = fused * c.nbytes / total if total else 0.0
             self.out.duration[c.task] = seconds
             self.out.latency[c.task] = _ring_latency_s(seconds, bucket.members, c.nbytes, rate)
-        waits = frozenset().union(*(c.inputs for c in collectives))
+        waits = self._waits(collectives)
         releases = [c.task for c in collectives]
         _barrier(self.out, f"bucket of {len(collectives)}", bucket.groups[0], waits, releases)
 
@@ -1026,7 +1035,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             self.instance_task[instances],
             tuple(self.collectives),
             tuple(self.transfer_flows.items()),
-            self._exported(walk.exported(k)),
+            self._exported(walk.exported[k]),
         )
 
     def _exported(self, tensors: frozenset[int]) -> dict[int, _Exported]:
@@ -1052,17 +1061,17 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             for t in tensors
         }
 
-    def _crossing(self, walk: Walk, k: int, fragments: list[_Part], named: np.ndarray) -> _Part:
-        """The reads of chunk ``k``'s tensors by other chunks, each instance's compute task
-        ``named`` as part of its fragment (:meth:`~.task_builder.TaskBuilder.spliced`)."""
+    def _crossing(self, crossing: Crossing, fragments: list[_Part], named: np.ndarray) -> _Part:
+        """The reads of ``crossing``, each instance's compute task ``named`` as part of its
+        fragment (:meth:`~.task_builder.TaskBuilder.spliced`)."""
         self._forget()
-        shift = (k + 1) << PART_SHIFT
-        exported = fragments[k].exported
+        shift = (crossing.chunk + 1) << PART_SHIFT
+        exported = fragments[crossing.chunk].exported
 
         def moved(c: _Copy) -> _Copy:
             return _Copy(c.device, c.lo, c.hi, c.kind, c.task + shift, c.buffer + shift, c.count)
 
-        for tensor, _ in walk.crossings[k]:
+        for tensor, _ in crossing.reads:
             state = exported[tensor]
             self.copies[tensor] = [moved(c) for c in state.copies]
             self.cache.update((key, moved(c)) for key, c in state.cache)
@@ -1078,7 +1087,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
                 )
         own, self.instance_task = self.instance_task, named
         try:
-            for tensor, reads in walk.crossings[k]:
+            for tensor, reads in crossing.reads:
                 for op, count in reads:
                     self._reads(op, [tensor] * count)
         finally:
@@ -1107,10 +1116,12 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             named[instances[k]] = fragment.instance_task + ((k + 1) << PART_SHIFT)
         crossings = [
             self._part(
-                None if key is None else ("crossing", key, *(keys[r] for r in walk.readers[k])),
-                partial(self._crossing, walk, k, fragments, named),
+                None
+                if keys[c.chunk] is None
+                else (c.reads[0][0], keys[c.chunk], *(keys[r] for r in c.readers)),
+                partial(self._crossing, c, fragments, named),
             )
-            for k, key in enumerate(keys)
+            for c in walk.crossings
         ]
         return fragments + crossings, instances
 
@@ -1121,22 +1132,32 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.out, first_task, _ = TaskBuilder.spliced(
             self.fixed.cluster.num_devices, [p.tasks for p in parts]
         )
-        first = first_task.tolist()
+        self._first = first = first_task.tolist()
         for k, chunk in enumerate(instances):
             self.instance_task[chunk] = parts[k].instance_task + first[k]
-
-        def task(number: int, part: int) -> int:
-            named, item = divmod(number, 1 << PART_SHIFT)
-            return (first[named - 1] if named else first[part]) + item
-
         for p, part in enumerate(parts):
-            self.collectives.extend(
-                c._replace(task=task(c.task, p), inputs=frozenset(task(t, p) for t in c.inputs))
-                for c in part.collectives
-            )
-            self.transfer_flows.update((task(t, p), flows) for t, flows in part.transfer_flows)
+            if part.collectives:
+                tasks = self._numbers([c.task for c in part.collectives], p)
+                self.collectives.extend(
+                    c._replace(task=t, part=p) for c, t in zip(part.collectives, tasks, strict=True)
+                )
+            if part.transfer_flows:
+                tasks = self._numbers([t for t, _ in part.transfer_flows], p)
+                self.transfer_flows.update(
+                    zip(tasks, (flows for _, flows in part.transfer_flows), strict=True)
+                )
         origin = self.out.origin  # the AllReduces in the order of the ops that read them
         self.collectives.sort(key=lambda c: origin[c.task])
+
+    def _numbers(self, numbers: Sequence[int], part: int) -> list[int]:
+        """The task numbers ``numbers`` of spliced part ``part`` take in the task graph
+        (:meth:`~.task_builder.TaskBuilder.spliced`)."""
+        first, shift = self._first, 1 << PART_SHIFT
+        own = first[part]
+        return [
+            (first[named - 1] if named else own) + item
+            for named, item in (divmod(n, shift) for n in numbers)
+        ]
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance

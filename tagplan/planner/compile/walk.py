@@ -1,14 +1,16 @@
 """The order a compile takes: chunk by chunk, then what crosses between chunks.
 
-The compiler cuts the ops into *chunks* once per graph and cluster: the op groups the
-search groups them into by default, so that a search's decision changes whole chunks.
+Both back ends cut the ops into the same *chunks* once per graph and cluster
+(:func:`default_walk`): the op groups the search groups them into by default, so that a
+search's decision changes whole chunks.
 Each chunk's ops are compiled in op order with the inputs made inside the chunk alone (a
 *fragment*: the instances, the transports among them, the AllReduces of gradients read
-there), then, chunk by chunk, every read of one of its tensors by another chunk (its
-*crossing*: the transfers, joins, cuts, sums and AllReduces that bring them). A fragment
-depends on the placement of its chunk's ops alone and a crossing on those of its chunk
-and the reading chunks, so a search, whose neighbouring strategies change one or a few
-groups, compiles each once per placement and splices it in after
+there), then every read of a tensor by another chunk than its own, in *crossings* (the
+transfers, joins, cuts, sums and AllReduces that bring them), one per chunk and set of
+chunks reading its tensors. A fragment depends on the placement of its chunk's ops alone
+and a crossing on those of its chunk and the reading chunks, so a search, whose
+neighbouring strategies change one or a few groups, compiles each once per placement and
+splices it in after
 (:class:`~.task_compiler.TaskCompiler`, docs/design.md §5).
 
 The order is valid for any chunking: op order is topological, so a chunk's reads inside
@@ -22,28 +24,45 @@ placement compiles to the same task graph whatever groups a strategy names it by
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
+from tagplan.planner.topology import Cluster
 
-__all__ = ["Walk", "walk"]
+__all__ = ["Crossing", "Walk", "default_walk", "walk"]
+
+
+class Crossing(NamedTuple):
+    """Reads of tensors of chunk ``chunk`` by the ops of other chunks, all of them read by
+    the chunks ``readers`` (positions, ascending) and no others: per tensor (ascending),
+    each reader in op order with how many of its inputs the tensor is."""
+
+    chunk: int
+    readers: tuple[int, ...]
+    reads: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
 
 
 @dataclass(frozen=True, eq=False)
 class Walk:
     """The order of one chunking of the ops: chunk ``k`` (in ascending chunk id) is
     compiled ``k``-th, its ops ``ops[k]`` (ascending) reading ``inputs[k][i]`` (the inputs
-    of ``ops[k][i]`` made in the chunk, in input order). Then, chunk by chunk, the tensors
-    it makes that other chunks read: ``crossings[k]`` lists them by tensor, each with its
-    readers in op order and how many of each reader's inputs it is; ``readers[k]`` are the
-    chunks those readers are in. ``op_order`` lists the ops chunk by chunk,
-    ``op_bounds[k]:op_bounds[k + 1]`` those of the ``k``-th."""
+    of ``ops[k][i]`` made in the chunk, in input order). Then the ``crossings``, by chunk
+    and then by first tensor; ``exported[k]`` are the tensors of chunk ``k`` other chunks
+    read. ``op_order`` lists the ops chunk by chunk, ``op_bounds[k]:op_bounds[k + 1]``
+    those of the ``k``-th.
+
+    A crossing keeps together the tensors that the same chunks read, so that a strategy
+    that changes one chunk's placement recompiles only the reads of what that chunk reads
+    (and of what the same tensors' other readers read, which a copy may serve too)."""
 
     ops: tuple[list[int], ...]
     inputs: tuple[list[list[int]], ...]
-    crossings: tuple[tuple[tuple[int, tuple[tuple[int, int], ...]], ...], ...]
-    readers: tuple[tuple[int, ...], ...]
+    crossings: tuple[Crossing, ...]
+    exported: tuple[frozenset[int], ...]
     op_order: np.ndarray
     op_bounds: np.ndarray
 
@@ -51,9 +70,13 @@ class Walk:
     def num_chunks(self) -> int:
         return len(self.ops)
 
-    def exported(self, k: int) -> frozenset[int]:
-        """The tensors of chunk ``k`` that other chunks read."""
-        return frozenset(tensor for tensor, _ in self.crossings[k])
+
+def default_walk(ir: GraphIR, cluster: Cluster) -> Walk:
+    """The walk both back ends compile ``ir`` for ``cluster`` in: chunks are the op groups
+    a search groups the graph into by default (TAG §4.1.1), by the cost model's op times
+    without profiles, so that every compile of a graph for a cluster agrees on them."""
+    op_time_s = cluster_mean_op_time_s(ir, cluster, OpCostModel(ir, cluster))
+    return walk(ir, group_ops(ir, op_time_s).op_group)
 
 
 def walk(ir: GraphIR, chunk: np.ndarray) -> Walk:
@@ -65,27 +88,34 @@ def walk(ir: GraphIR, chunk: np.ndarray) -> Walk:
     position = {int(c): k for k, c in enumerate(ids.tolist())}
     ops: list[list[int]] = [[] for _ in position]
     inputs: list[list[list[int]]] = [[] for _ in position]
-    crossing: list[dict[int, dict[int, int]]] = [{} for _ in position]
-    readers: list[set[int]] = [set() for _ in position]
+    reads: dict[int, dict[int, int]] = {}  # per tensor read across chunks: reader -> count
     for op, tensors in enumerate(ir.input_lists):
         k = position[chunk_of[op]]
         inside = [t for t in tensors if chunk_of[producer[t]] == chunk_of[op]]
         ops[k].append(op)
         inputs[k].append(tensors if len(inside) == len(tensors) else inside)
         for tensor in tensors:
-            made = position[chunk_of[producer[tensor]]]
-            if made != k:
-                reads = crossing[made].setdefault(tensor, {})
-                reads[op] = reads.get(op, 0) + 1
-                readers[made].add(k)
+            if chunk_of[producer[tensor]] != chunk_of[op]:
+                readers = reads.setdefault(tensor, {})
+                readers[op] = readers.get(op, 0) + 1
+    units: dict[tuple[int, tuple[int, ...]], list] = {}
+    for tensor in sorted(reads):
+        readers = tuple(sorted({position[chunk_of[op]] for op in reads[tensor]}))
+        made = position[chunk_of[producer[tensor]]]
+        units.setdefault((made, readers), []).append((tensor, tuple(reads[tensor].items())))
+    exported: list[set[int]] = [set() for _ in position]
+    for (made, _), tensors in units.items():
+        exported[made].update(tensor for tensor, _ in tensors)
     return Walk(
         ops=tuple(ops),
         inputs=tuple(inputs),
         crossings=tuple(
-            tuple((tensor, tuple(reads.items())) for tensor, reads in sorted(c.items()))
-            for c in crossing
+            Crossing(made, readers, tuple(tensors))
+            for (made, readers), tensors in sorted(
+                units.items(), key=lambda u: (u[0][0], u[1][0][0])
+            )
         ),
-        readers=tuple(tuple(sorted(r)) for r in readers),
+        exported=tuple(frozenset(e) for e in exported),
         op_order=op_order,
         op_bounds=np.append(starts, len(op_order)).astype(np.int64),
     )
