@@ -4,8 +4,10 @@ plan reaches with each.
 
 For ResNet-101 and BERT-Large, DP-NCCL and two mixed strategies (the op groups alternating
 AllReduce and a parameter server over every GPU, the servers on one GPU or spread), each
-evaluation is timed after one warm-up (median of ``--runs``), with the task counts of both
-task graphs; both must give the same step time and per-GPU peak memory, or the script
+evaluation is timed after one warm-up (median of ``--runs``), with the fragments and
+crossings the compiler keeps forgotten before each run, and once more by class with them
+kept (what the search pays for a strategy it simulated parts of), with the task counts of
+both task graphs; both must give the same step time and per-GPU peak memory, or the script
 stops. Per-GPU evaluations above ``--per-gpu-max`` GPUs are left out (millions of tasks).
 Then ``tagplan``'s plan with a 10 s budget, per GPU and by class, on ``cloud`` and
 ``scale:64`` (without the GraphDef): search iterations, plan time and step.
@@ -55,10 +57,14 @@ def mixed_strategy(ir, cluster, costs, *, spread_servers: bool) -> Strategy:
     return Strategy(name="mixed", groups=groups)
 
 
-def timed(evaluator: Evaluator, strategy: Strategy, by_class: bool, runs: int):
+def timed(evaluator: Evaluator, strategy: Strategy, by_class: bool, runs: int, *, kept: bool):
+    """The evaluation and its median seconds, the compiler's parts forgotten before each
+    run unless ``kept``."""
     evaluation = evaluator.evaluate(strategy, by_class=by_class)
     seconds = []
     for _ in range(runs):
+        if not kept:
+            evaluator.compiler.forget_parts()
         started = time.perf_counter()
         evaluator.evaluate(strategy, by_class=by_class)
         seconds.append(time.perf_counter() - started)
@@ -88,7 +94,8 @@ def evaluation_rows(models: list[str], sizes: list[int], runs: int, per_gpu_max:
                 ),
             }
             for name, strategy in strategies.items():
-                by_class, by_class_s = timed(evaluator, strategy, True, runs)
+                by_class, by_class_s = timed(evaluator, strategy, True, runs, kept=False)
+                _, kept_s = timed(evaluator, strategy, True, runs, kept=True)
                 cells = [
                     model,
                     str(size),
@@ -98,7 +105,7 @@ def evaluation_rows(models: list[str], sizes: list[int], runs: int, per_gpu_max:
                     f"{by_class.compiled.task_graph.num_tasks:,}",
                 ]
                 if size <= per_gpu_max:
-                    per_gpu, per_gpu_s = timed(evaluator, strategy, False, runs)
+                    per_gpu, per_gpu_s = timed(evaluator, strategy, False, runs, kept=False)
                     same = np.isclose(per_gpu.step_time_s, by_class.step_time_s, rtol=1e-9)
                     same &= np.array_equal(
                         per_gpu.result.peak_memory_bytes, by_class.result.peak_memory_bytes
@@ -114,6 +121,7 @@ def evaluation_rows(models: list[str], sizes: list[int], runs: int, per_gpu_max:
                 else:
                     cells[5:5] = ["—"]
                     cells += ["—", f"{by_class_s:.3f}", "—"]
+                cells.append(f"{kept_s:.3f}")
                 cells.append("by class" if by_class.compiled.symmetry is not None else "per GPU")
                 cells.append(f"{by_class.step_time_s * 1e3:,.1f}")
                 lines.append("| " + " | ".join(cells) + " |")
@@ -161,8 +169,11 @@ def main() -> None:
             "One `Evaluator.evaluate` (resolve + compile + simulate) per GPU and by symmetry "
             "class on `scale:N` (machines of 8 GPUs) at a global batch of "
             f"{EXAMPLES_PER_GPU['resnet101']} (ResNet-101) and {EXAMPLES_PER_GPU['bert_large']} "
-            f"(BERT-Large) examples per GPU, median of {args.runs} after a warm-up; "
-            "both compiles give the same step and per-GPU peak memory (checked). *mixed*: the "
+            f"(BERT-Large) examples per GPU, median of {args.runs} after a warm-up, the "
+            "fragments and crossings the compiler keeps forgotten before each run (docs/"
+            "design.md §5); *by class, parts kept*: the same evaluation with them kept, what "
+            "the search pays for a strategy whose every op group it placed so before; both "
+            "compiles give the same step and per-GPU peak memory (checked). *mixed*: the "
             "op groups alternate AllReduce and a parameter server over every GPU, the servers "
             "on the first GPU; *servers spread*: each group's server on another GPU (TAG's "
             "round robin), which leaves no two GPUs alike. *compiled*: how the by-class "
@@ -170,8 +181,10 @@ def main() -> None:
             f"evaluations above {args.per_gpu_max} GPUs are left out.",
             "",
             "| model | GPUs | batch | device groups | strategy | tasks per GPU | tasks by class "
-            "| per GPU (s) | by class (s) | speedup | compiled | step (ms) |",
-            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+            "| per GPU (s) | by class (s) | speedup | by class, parts kept (s) | compiled "
+            "| step (ms) |",
+            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+            "| ---: |",
             *evaluations,
             "",
             "Time grows with the classes (about two per device group under data "

@@ -415,6 +415,12 @@ class TaskCompiler:
             self._walk = default_walk(self.ir, self.cluster)
         return self._walk
 
+    def forget_parts(self) -> None:
+        """Forget the fragments and crossings kept: the next compile costs what a strategy
+        sharing no placement with the earlier ones costs."""
+        self._parts.clear()
+        self._remembered_tasks = 0
+
     def part(self, key: tuple) -> _Part | Asymmetric | None:
         """The fragment or crossing compiled under ``key``, or the refusal it met;
         ``None`` when new."""

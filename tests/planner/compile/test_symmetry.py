@@ -98,11 +98,15 @@ def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -
     assert by_class[BASELINES.index("dp-nccl")] and by_class[BASELINES.index("horovod")]
 
 
-@pytest.mark.parametrize("cluster_name", ["mixed", "random:4"])
-def test_a_compiler_remembers_nothing_that_changes_a_graph(cluster_name: str) -> None:
-    """What a compiler keeps between compiles (the outputs of ops placed alike) gives each
-    strategy, by class and per GPU, the task graph a new compiler gives it."""
-    evaluator = Evaluator(_zoo("small_cnn"), CLUSTERS[cluster_name]())
+@pytest.mark.parametrize(
+    ("model", "cluster_name"),
+    [("small_cnn", "mixed"), ("small_cnn", "random:4"), ("tiny_wide_deep", "mixed")],
+)
+def test_a_compiler_remembers_nothing_that_changes_a_graph(model: str, cluster_name: str) -> None:
+    """What a compiler keeps between compiles (the outputs of ops placed alike, fragments
+    and crossings) gives each strategy, by class and per GPU, the task graph a new compiler
+    gives it."""
+    evaluator = Evaluator(_zoo(model), CLUSTERS[cluster_name]())
     resolved = [
         resolve(strategy, evaluator.ir, evaluator.cluster) for strategy in _strategies(evaluator)
     ]
