@@ -98,7 +98,9 @@ from tagplan.planner.topology import Cluster
 __all__ = ["CompiledTasks", "TaskCompiler", "compile_tasks"]
 
 _REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler keeps
-_REMEMBERED_TASKS = 2_000_000  # tasks of the fragments and crossings a compiler keeps
+_REMEMBERED_BYTES = 256 << 20  # about what the fragments and crossings a compiler keeps hold
+_NAME_BYTES = 64  # about what a task's name holds (a reference, most a string of its own)
+_COPY_BYTES = 128  # about what a copy a fragment exports holds (a tuple, its numbers)
 
 
 class _Copy(NamedTuple):
@@ -298,7 +300,7 @@ class TaskCompiler:
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
         self._walk: Walk | None = None
         self._parts: dict[tuple, _Part | Asymmetric] = {}
-        self._remembered_tasks = 0
+        self._remembered_bytes = 0
         self._collective_code = {c: i for i, c in enumerate(Collective)}
 
     def _output_signatures(self) -> list[int]:
@@ -419,7 +421,7 @@ class TaskCompiler:
         """Forget the fragments and crossings kept: the next compile costs what a strategy
         sharing no placement with the earlier ones costs."""
         self._parts.clear()
-        self._remembered_tasks = 0
+        self._remembered_bytes = 0
 
     def part(self, key: tuple) -> _Part | Asymmetric | None:
         """The fragment or crossing compiled under ``key``, or the refusal it met;
@@ -431,12 +433,12 @@ class TaskCompiler:
 
     def remember(self, key: tuple, part: _Part | Asymmetric) -> None:
         """Keep ``part`` for the strategies that place its ops alike, the least recently
-        used going first past ``_REMEMBERED_TASKS``."""
+        used going first past ``_REMEMBERED_BYTES``."""
         self._parts[key] = part
-        self._remembered_tasks += _task_count(part)
-        while self._remembered_tasks > _REMEMBERED_TASKS and len(self._parts) > 1:
+        self._remembered_bytes += _part_bytes(part)
+        while self._remembered_bytes > _REMEMBERED_BYTES and len(self._parts) > 1:
             oldest = next(iter(self._parts))
-            self._remembered_tasks -= _task_count(self._parts.pop(oldest))
+            self._remembered_bytes -= _part_bytes(self._parts.pop(oldest))
 
     def instance_names(self, op: int, first: int, count: int) -> list[str]:
         """``<op name>/replica_<k>`` for ``count`` replicas from ``first``, formatted once."""
@@ -1258,8 +1260,19 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 _NO_TASKS = np.zeros(0, dtype=np.int64)
 
 
-def _task_count(part: _Part | Asymmetric) -> int:
-    return 0 if isinstance(part, Asymmetric) else part.tasks.num_tasks
+def _part_bytes(part: _Part | Asymmetric) -> int:
+    """About the memory ``part`` holds: its columns, its tasks' names, what it exports."""
+    if isinstance(part, Asymmetric):
+        return 0
+    tasks = part.tasks
+    columns = sum(map(len, tasks.plain.values())) + sum(a.nbytes for a in tasks.numbers.values())
+    copies = sum(
+        len(e.copies) + len(e.cache) + len(e.partials) + len(e.replica_values)
+        for e in part.exported.values()
+    )
+    return (
+        columns + _NAME_BYTES * tasks.num_tasks + _COPY_BYTES * copies + part.instance_task.nbytes
+    )
 
 
 def _instances_by_chunk(walk: Walk, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
