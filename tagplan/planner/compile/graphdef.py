@@ -806,10 +806,11 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         chunk each op's inputs made in its chunk, its outputs published as it goes, then
         the crossings."""
         ir, placement = self.ir, self.placement
-        producer, inputs = ir.tensor_producer.tolist(), self.op_inputs
-        chunk = np.empty(ir.num_ops, dtype=np.int64)
-        chunk[walk.op_order] = np.repeat(np.arange(walk.num_chunks), np.diff(walk.op_bounds))
-        chunk_of = chunk.tolist()
+        producer, inputs, chunk_of = (
+            ir.tensor_producer.tolist(),
+            self.op_inputs,
+            walk.position.tolist(),
+        )
         refs = [[""] * len(inputs[op]) for op in range(ir.num_ops) for _ in placement.instances(op)]
         for ops in walk.ops:
             for op in ops:

@@ -948,8 +948,8 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             self._publish(op, rows, tasks[0])
 
     def _reads(self, op: int, inputs: list[int]) -> None:
-        """Bring ``inputs`` (made in other op groups) to the instances of ``op``, whose
-        tasks a fragment made."""
+        """Bring ``inputs`` (made in other chunks) to the instances of ``op``, whose tasks
+        its chunk's fragment made."""
         self.out.made_for = op
         start, stop = self.inst_ptr[op], self.inst_ptr[op + 1]
         ready = self._ready_inputs(op, self._rows(op), inputs)

@@ -53,7 +53,7 @@ class Walk:
     of ``ops[k][i]`` made in the chunk, in input order). Then the ``crossings``, by chunk
     and then by first tensor; ``exported[k]`` are the tensors of chunk ``k`` other chunks
     read. ``op_order`` lists the ops chunk by chunk, ``op_bounds[k]:op_bounds[k + 1]``
-    those of the ``k``-th.
+    those of the ``k``-th; ``position[op]`` is the chunk ``op`` is in, by position.
 
     A crossing keeps together the tensors that the same chunks read, so that a strategy
     that changes one chunk's placement recompiles only the reads of what that chunk reads
@@ -65,6 +65,7 @@ class Walk:
     exported: tuple[frozenset[int], ...]
     op_order: np.ndarray
     op_bounds: np.ndarray
+    position: np.ndarray
 
     @property
     def num_chunks(self) -> int:
@@ -118,4 +119,5 @@ def walk(ir: GraphIR, chunk: np.ndarray) -> Walk:
         exported=tuple(frozenset(e) for e in exported),
         op_order=op_order,
         op_bounds=np.append(starts, len(op_order)).astype(np.int64),
+        position=np.searchsorted(ids, chunk).astype(np.int64),
     )

@@ -31,8 +31,9 @@ def test_fragments_and_crossings_read_every_input_once(model: str) -> None:
     chunk = np.random.default_rng(3).integers(0, 5, size=ir.num_ops)
     order = walk(ir, chunk)
     reads: Counter = Counter()
-    for ops, inputs in zip(order.ops, order.inputs, strict=True):
+    for k, (ops, inputs) in enumerate(zip(order.ops, order.inputs, strict=True)):
         assert ops == sorted(ops) and len({int(chunk[op]) for op in ops}) == 1
+        assert order.position[ops].tolist() == [k] * len(ops)
         for op, tensors in zip(ops, inputs, strict=True):
             reads.update((op, t) for t in tensors)
             assert all(chunk[ir.tensor_producer[t]] == chunk[op] for t in tensors)
@@ -42,7 +43,7 @@ def test_fragments_and_crossings_read_every_input_once(model: str) -> None:
             readers_chunks = set()
             for op, count in readers:
                 reads[(op, tensor)] += count
-                readers_chunks.add(next(k for k, ops in enumerate(order.ops) if op in ops))
+                readers_chunks.add(int(order.position[op]))
             assert readers_chunks == set(crossing.readers)
             assert crossing.chunk not in crossing.readers
     assert reads == Counter((op, t) for op in range(ir.num_ops) for t in ir.input_lists[op])
