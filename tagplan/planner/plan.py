@@ -822,7 +822,11 @@ class Planner:
         if graph_def is not None:
             if self._graphdef_fits(self.deadline.left_s()):
                 distributed = compile_graphdef(
-                    graph_def, self.ir, self.cluster, evaluation.resolved
+                    graph_def,
+                    self.ir,
+                    self.cluster,
+                    evaluation.resolved,
+                    walk=self.evaluator.compiler.walk,  # cut for the evaluations already
                 )
             else:  # the answer keeps its budget; the caller compiles the GraphDef after it
                 deferred = True

@@ -968,10 +968,10 @@ class _GraphDefCompilation(TransportRules[_Copy]):
             for name, spec in captured_variables(ir).items()
         }
 
-    def compile(self) -> DistributedGraph:
+    def compile(self, walk: Walk) -> DistributedGraph:
         ir, placement = self.ir, self.placement
         barriers = phase_barriers(ir, self.resolved, placement)  # refused before compiling
-        refs = self._walk(default_walk(ir, self.cluster))
+        refs = self._walk(walk)
         for op in range(ir.num_ops):
             for inst in placement.instances(op):
                 self._instance(op, inst, refs[inst])
@@ -1033,10 +1033,14 @@ def compile_graphdef(
     cluster: Cluster,
     resolved: ResolvedStrategy,
     variable_names: Mapping[str, str] | None = None,
+    *,
+    walk: Walk | None = None,
 ) -> DistributedGraph:
     """Compile ``resolved`` over ``graph_def`` (the graph ``ir`` was analyzed from, in this
     package's protobuf classes) into a distributed ``GraphDef`` and its device map.
     ``variable_names`` names the variable behind each captured placeholder of a TF2
-    function, where the graph's origin knows it (a zoo manifest's ``captured_variables``)."""
+    function, where the graph's origin knows it (a zoo manifest's ``captured_variables``).
+    ``walk``: :func:`~.walk.default_walk` of ``ir`` and ``cluster`` where the caller has
+    it (an evaluator's compiler), else worked out here."""
     compilation = _GraphDefCompilation(graph_def, ir, cluster, resolved, variable_names or {})
-    return compilation.compile()
+    return compilation.compile(walk or default_walk(ir, cluster))

@@ -20,10 +20,10 @@ import numpy as np
 
 from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["PART_SHIFT", "FrozenTasks", "Piece", "TaskBuilder"]
+__all__ = ["FrozenTasks", "Piece", "TaskBuilder", "part_offset", "renumbered"]
 
-PART_SHIFT = 32  # tasks and buffers of other parts, in parts spliced together
-_ITEM = (1 << PART_SHIFT) - 1
+_PART_SHIFT = 32  # tasks and buffers of other parts, in parts spliced together
+_ITEM = (1 << _PART_SHIFT) - 1
 
 # the columns that number tasks or buffers, shifted when frozen tasks are spliced in
 _TASK_NUMBERS = ("edge_src", "edge_dst", "buffer_producer", "read_task")
@@ -38,6 +38,22 @@ class Piece(Protocol):
 
     @property
     def buffer(self) -> int: ...
+
+
+def part_offset(part: int) -> int:
+    """What a part built apart adds to the number of a task or buffer of part ``part``
+    to name it (:meth:`TaskBuilder.spliced`)."""
+    return (part + 1) << _PART_SHIFT
+
+
+def renumbered(numbers: np.ndarray, own_first: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``numbers`` (int64) of spliced parts as the spliced builder numbers them:
+    ``own_first`` is, per number, the first number of the part it is in (its own items
+    count from there), ``first`` every part's (another part's items, named by
+    :func:`part_offset`, count from its)."""
+    named = numbers >> _PART_SHIFT
+    base = np.where(named == 0, own_first, first[np.maximum(named - 1, 0)])
+    return base + (numbers & _ITEM)
 
 
 def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,8 +242,8 @@ class TaskBuilder:
     ) -> tuple[TaskBuilder, np.ndarray, np.ndarray]:
         """A builder holding ``parts`` one after another, and the numbers each part's first
         task and first buffer took. In a part, task or buffer ``i`` is its own ``i``-th,
-        and ``((q + 1) << PART_SHIFT) + i`` the ``i``-th of part ``q``: parts built apart
-        may name each other's."""
+        and ``part_offset(q) + i`` the ``i``-th of part ``q``: parts built apart may name
+        each other's."""
         builder = cls(num_devices)
         first_task = np.cumsum([0] + [p.num_tasks for p in parts], dtype=np.int64)
         first_buffer = np.cumsum([0] + [p.num_buffers for p in parts], dtype=np.int64)
@@ -240,10 +256,10 @@ class TaskBuilder:
             numbers = [p.numbers[column] for p in parts]
             values = np.concatenate(numbers).astype(np.int64)
             part = np.repeat(np.arange(len(parts)), [len(n) for n in numbers])
-            named = values >> PART_SHIFT
-            base = np.where(named == 0, first[part], first[np.maximum(named - 1, 0)])
             target = getattr(builder, column)
-            target.frombytes((base + (values & _ITEM)).astype(target.typecode).tobytes())
+            target.frombytes(
+                renumbered(values, first[part], first).astype(target.typecode).tobytes()
+            )
         for p in parts:
             builder.names.extend(p.names)
         return builder, first_task[:-1], first_buffer[:-1]

@@ -77,7 +77,12 @@ from tagplan.planner.compile.symmetry import (
     reads_across_layouts,
     symmetry_classes,
 )
-from tagplan.planner.compile.task_builder import PART_SHIFT, FrozenTasks, TaskBuilder
+from tagplan.planner.compile.task_builder import (
+    FrozenTasks,
+    TaskBuilder,
+    part_offset,
+    renumbered,
+)
 from tagplan.planner.compile.transport import (
     FULL,
     SLICE,
@@ -301,7 +306,6 @@ class TaskCompiler:
         self._walk: Walk | None = None
         self._parts: dict[tuple, _Part | Asymmetric] = {}
         self._remembered_bytes = 0
-        self._collective_code = {c: i for i, c in enumerate(Collective)}
 
     def _output_signatures(self) -> list[int]:
         """Per op, a number that ops whose outputs publish alike share: what
@@ -406,10 +410,6 @@ class TaskCompiler:
             return full
         return round(full * ((hi - lo) // members) / self.ir.batch_size)
 
-    def collective_codes(self, collectives: Sequence[Collective]) -> np.ndarray:
-        """A number per group's AllReduce algorithm."""
-        return np.array([self._collective_code[c] for c in collectives], dtype=np.int32)
-
     @property
     def walk(self) -> Walk:
         """The order every strategy is compiled in (:func:`~.walk.default_walk`)."""
@@ -501,7 +501,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.instance_task = np.zeros(placement.num_instances, dtype=np.int64)
         self.out = TaskBuilder(fixed.cluster.num_devices)
         self.pending: dict[int, _Block] = {}  # outputs published as blocks, by tensor
-        self._first: list[int] = []  # each spliced part's first task
+        self._first = _NO_TASKS  # each spliced part's first task
         self.rings: dict[tuple[int, ...], tuple[int, ...]] = {}  # by representatives
         self.routes: dict[tuple[int, ...], Route] = {}  # by ring
 
@@ -983,7 +983,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
             ),
             axis=1,
         )
-        codes = self.fixed.collective_codes(resolved.group_collective)
+        codes = np.array([_COLLECTIVE_CODE[c] for c in resolved.group_collective], np.int32)
         group = resolved.op_group[order]
         per_op = np.stack(
             (
@@ -1073,7 +1073,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         """The reads of ``crossing``, each instance's compute task ``named`` as part of its
         fragment (:meth:`~.task_builder.TaskBuilder.spliced`)."""
         self._forget()
-        shift = (crossing.chunk + 1) << PART_SHIFT
+        shift = part_offset(crossing.chunk)
         exported = fragments[crossing.chunk].exported
 
         def moved(c: _Copy) -> _Copy:
@@ -1121,7 +1121,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         ]
         named = np.zeros(self.placement.num_instances, dtype=np.int64)
         for k, fragment in enumerate(fragments):
-            named[instances[k]] = fragment.instance_task + ((k + 1) << PART_SHIFT)
+            named[instances[k]] = fragment.instance_task + part_offset(k)
         crossings = [
             self._part(
                 None
@@ -1140,9 +1140,9 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         self.out, first_task, _ = TaskBuilder.spliced(
             self.fixed.cluster.num_devices, [p.tasks for p in parts]
         )
-        self._first = first = first_task.tolist()
+        self._first = first_task
         for k, chunk in enumerate(instances):
-            self.instance_task[chunk] = parts[k].instance_task + first[k]
+            self.instance_task[chunk] = parts[k].instance_task + first_task[k]
         for p, part in enumerate(parts):
             if part.collectives:
                 tasks = self._numbers([c.task for c in part.collectives], p)
@@ -1159,13 +1159,9 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
     def _numbers(self, numbers: Sequence[int], part: int) -> list[int]:
         """The task numbers ``numbers`` of spliced part ``part`` take in the task graph
-        (:meth:`~.task_builder.TaskBuilder.spliced`)."""
-        first, shift = self._first, 1 << PART_SHIFT
-        own = first[part]
-        return [
-            (first[named - 1] if named else own) + item
-            for named, item in (divmod(n, shift) for n in numbers)
-        ]
+        (:func:`~.task_builder.renumbered`)."""
+        first = self._first
+        return renumbered(np.asarray(numbers, dtype=np.int64), first[part], first).tolist()
 
     def _control_edges(self, instance_task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pred, succ)`` task arrays: every instance of an op waits for every instance
@@ -1258,6 +1254,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
+_COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 
 def _part_bytes(part: _Part | Asymmetric) -> int:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tagplan.planner.compile.task_builder import PART_SHIFT, TaskBuilder
+from tagplan.planner.compile.task_builder import TaskBuilder, part_offset
 from tagplan.planner.sim.taskgraph import COMPUTE, TRANSFER
 
 
@@ -106,7 +106,7 @@ def test_spliced_parts_name_their_own_and_each_others_tasks_and_buffers() -> Non
     made = first.buffer(0, 8, a)
     second = TaskBuilder(2)  # a transfer reading the first part's buffer, feeding its b
     send = second.task(TRANSFER, -1, 0.5, 0, "send", links=[0])
-    other = 1 << PART_SHIFT  # part 0, numbered from its second part
+    other = part_offset(0)  # part 0, numbered from its second part
     second.read(_Piece(other + a, other + made), send)
     second.edge(send, other + b)
     second.buffer(1, 8, send)

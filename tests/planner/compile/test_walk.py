@@ -8,12 +8,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.walk import default_walk, walk
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.actions import ActionSpace
+from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.strategy import OpGroup, Option, Strategy, resolve
@@ -105,9 +107,15 @@ def test_a_placement_compiles_alike_whatever_groups_name_it(model: str) -> None:
             assert graph_a.task_names == graph_b.task_names
 
 
-def test_both_back_ends_cut_a_graph_alike() -> None:
-    ir = _zoo("small_cnn")
+def test_a_graphdef_compiled_in_an_evaluators_walk_is_the_one_it_cuts_itself() -> None:
+    """The planner hands the GraphDef its evaluator's walk instead of cutting the graph
+    again: the same chunks, the same bytes."""
+    source = load_graph_source("zoo:small_cnn")
+    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
     cluster = load_cluster("testbed")
-    assert Evaluator(ir, cluster).compiler.walk.op_order.tolist() == (
-        default_walk(ir, cluster).op_order.tolist()
-    )
+    evaluator = Evaluator(ir, cluster)
+    assert evaluator.compiler.walk.op_order.tolist() == default_walk(ir, cluster).op_order.tolist()
+    resolved = resolve(baseline_strategy("dp-ps", ir, cluster, evaluator.costs), ir, cluster)
+    handed = compile_graphdef(source.graph_def, ir, cluster, resolved, walk=evaluator.compiler.walk)
+    own = compile_graphdef(source.graph_def, ir, cluster, resolved)
+    assert handed.graph_def_bytes == own.graph_def_bytes
