@@ -6,8 +6,10 @@ device groups it uses (the placement row P_i) and one replication option O_i:
 * ``replicate-allreduce``: the group is replicated on every GPU of its device groups,
   inputs split in the batch dimension, gradients synchronized by AllReduce;
 * ``replicate-ps``: the same, gradients pushed to a parameter server (PS) GPU that
-  applies them; replicas pull the parameters (the PS is chosen round-robin among the
-  group's GPUs unless named);
+  applies them; replicas pull the parameters (unless named, the PS is chosen round-robin
+  among the group's GPUs: the i-th group whose PS is unnamed takes its i-th GPU, so the
+  servers spread evenly and a strategy with one such group puts it on the same GPU
+  whichever group it is);
 * ``duplicate``: the group is copied to every GPU with full inputs; gradients come out
   identical everywhere, so nothing is synchronized (sufficient-factor broadcast, §4.2.3);
 * ``model-parallel``: the group's ops are divided among the GPUs, each op on one GPU
@@ -403,6 +405,7 @@ def resolve(
     replica_weight: list[np.ndarray] = []
     ps_device = np.full(len(decisions), -1, dtype=np.int32)
     op_device = np.full(ir.num_ops, -1, dtype=np.int32)
+    spread = 0  # parameter servers placed round-robin so far
     for group, decision in enumerate(decisions):
         where = f"group {group}" if group < len(strategy.groups) else "default"
         devices = _group_devices(decision, cluster, where)
@@ -418,7 +421,8 @@ def resolve(
                     raise InvalidInput(f"{where}: ps_device {decision.ps_device!r} does not exist")
                 ps_device[group] = device
             else:  # TAG §4.2: round-robin among the group's GPUs
-                ps_device[group] = devices[group % len(devices)]
+                ps_device[group] = devices[spread % len(devices)]
+                spread += 1
         if decision.option == Option.MODEL_PARALLEL:
             ops = np.flatnonzero(op_group == group).astype(np.int32)
             op_device[ops] = model_parallel_placement(ir, ops, devices, work)

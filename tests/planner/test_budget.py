@@ -109,12 +109,13 @@ def test_a_graphdef_that_does_not_fit_is_left_to_follow_the_answer(monkeypatch) 
     assert not kept.graphdef_deferred and kept.distributed is not None
 
 
-@pytest.mark.parametrize("evaluations", [4, 10**6])
+@pytest.mark.parametrize("evaluations", [0, 10**6])
 def test_a_late_plan_compiles_only_a_graphdef_that_adds_a_tenth_of_its_budget(
     monkeypatch, evaluations
 ) -> None:
-    """Past its deadline, a plan still compiles a GraphDef that takes less than a tenth of
-    its budget (the mlp's, milliseconds), and leaves a longer one to follow the answer."""
+    """Past its deadline, a plan still compiles a GraphDef estimated at less than a tenth
+    of its budget, and leaves a longer one to follow the answer (the estimate set by the
+    per-GPU evaluations it is counted in, not by this machine's speed)."""
     source, ir = zoo_source("mlp"), zoo_ir("mlp")
     monkeypatch.setattr(plan_module, "_GRAPHDEF_EVALUATIONS", evaluations)
     late = Deadline.after(5.0, start_s=time.time() - 60.0)
@@ -122,7 +123,7 @@ def test_a_late_plan_compiles_only_a_graphdef_that_adds_a_tenth_of_its_budget(
     result = plan(
         ir, load_cluster("testbed"), graph_def=source.graph_def, options=options, deadline=late
     )
-    assert result.graphdef_deferred is (evaluations > 4)
+    assert result.graphdef_deferred is (evaluations > 0)
     assert (result.distributed is None) is result.graphdef_deferred
 
 

@@ -51,6 +51,33 @@ def test_round_robin_parameter_servers_and_replica_shares(ir, testbed) -> None:
     assert weights.sum() == pytest.approx(1.0)
 
 
+def test_unnamed_parameter_servers_go_round_robin_over_the_groups_that_have_one(
+    ir, testbed
+) -> None:
+    """The i-th group with a parameter server left unnamed gets its GPUs' i-th (TAG §4.2's
+    round robin), whatever the other groups decide: a strategy with one such group puts
+    its server on the same GPU whichever group it is (docs/design.md §4)."""
+    ps, allreduce = decision(option=Option.REPLICATE_PS), decision()
+    named = decision(option=Option.REPLICATE_PS, ps_device="v100-0/GPU:3")
+    options = [allreduce, ps, named, allreduce, ps, ps]
+    groups = [
+        OpGroup(ops=[op], decision=d)
+        for op, d in zip(["x", "axes", "lr", "y", "loss", "dy"], options, strict=True)
+    ]
+    resolved = resolve(Strategy(groups=groups, default=allreduce), ir, testbed)
+    first = testbed.group_devices(0).tolist()
+    assert resolved.group_ps_device.tolist()[:6] == [-1, first[0], 3, -1, first[1], first[2]]
+    for alone in (1, 4):
+        one = [
+            OpGroup(ops=g.ops, decision=ps if k == alone else allreduce)
+            for k, g in enumerate(groups)
+        ]
+        assert (
+            resolve(Strategy(groups=one, default=allreduce), ir, testbed).group_ps_device[alone]
+            == first[0]
+        )
+
+
 @pytest.mark.parametrize(
     ("strategy", "message"),
     [
