@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -26,7 +25,7 @@ from bench.report import (
     before_note,
     kept_for_later,
     rows_before,
-    write_section,
+    write_table,
 )
 from tagplan.planner.errors import PlannerError
 from tagplan.planner.evaluate import Evaluator
@@ -135,19 +134,16 @@ def main() -> None:
             print(line, flush=True)
     if kept_for_later(args, rows):
         return
-    body = "\n".join(
-        [
-            f"A walk of {args.steps} neighbouring strategies per row (one op group's action "
-            "changed a step, from AllReduce over every device group), each evaluated "
-            "(resolve, compile by class, simulate) by the evaluator that evaluated the walk "
-            "so far and by a new one: medians, one core, zoo batch sizes."
-            + before_note(args, before),
-            "",
-            *lines,
-        ]
+    write_table(
+        "evaluate-incremental",
+        "Incremental evaluation",
+        "bench.evaluate_incremental",
+        f"A walk of {args.steps} neighbouring strategies per row (one op group's action "
+        "changed a step, from AllReduce over every device group), each evaluated (resolve, "
+        "compile by class, simulate) by the evaluator that evaluated the walk so far and by "
+        "a new one: medians, one core, zoo batch sizes." + before_note(args, before),
+        lines,
     )
-    command = " ".join(["python -m bench.evaluate_incremental", *sys.argv[1:]])
-    write_section("evaluate-incremental", "Incremental evaluation", command, body)
 
 
 if __name__ == "__main__":

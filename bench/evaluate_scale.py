@@ -1,6 +1,6 @@
 """Evaluation cost at allocation scale: one ``Evaluator.evaluate`` per GPU against by
-symmetry class, on ``scale:N`` clusters of 16 to 256 GPUs, and the search depth a 10 s
-plan reaches with each.
+symmetry class, on ``scale:N`` clusters of 16 to 256 GPUs (the search depth it buys:
+``bench.search_depth``).
 
 For ResNet-101 and BERT-Large, DP-NCCL and two mixed strategies (the op groups alternating
 AllReduce and a parameter server over every GPU, the servers on one GPU or spread), each
@@ -9,8 +9,6 @@ crossings the compiler keeps forgotten before each run, and once more by class w
 kept (what the search pays for a strategy it simulated parts of), with the task counts of
 both task graphs; both must give the same step time and per-GPU peak memory, or the script
 stops. Per-GPU evaluations above ``--per-gpu-max`` GPUs are left out (millions of tasks).
-Then ``tagplan``'s plan with a 10 s budget, per GPU and by class, on ``cloud`` and
-``scale:64`` (without the GraphDef): search iterations, plan time and step.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ from bench.report import write_section
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.source import load_graph_source
-from tagplan.planner.options import PlanOptions
-from tagplan.planner.plan import plan
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy
@@ -36,7 +32,6 @@ MODELS = ["resnet101", "bert_large"]
 # allocation without a replica, so the global batch grows with the GPUs
 EXAMPLES_PER_GPU = {"resnet101": 8, "bert_large": 2}
 SIZES = [16, 32, 64, 128, 256]
-DEPTH_CLUSTERS = ["cloud", "scale:64"]
 
 
 def mixed_strategy(ir, cluster, costs, *, spread_servers: bool) -> Strategy:
@@ -129,41 +124,14 @@ def evaluation_rows(models: list[str], sizes: list[int], runs: int, per_gpu_max:
     return lines
 
 
-def depth_rows(models: list[str], clusters: list[str], budget_s: float) -> list[str]:
-    from tagplan.planner.topology import load_cluster
-
-    lines = []
-    for model in models:
-        source = load_graph_source(f"zoo:{model}")
-        ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
-        for name in clusters:
-            cells = [model, name]
-            for by_class in (False, True):
-                # the convergence stop off: the iterations the budget allows
-                options = PlanOptions(budget_s=budget_s, by_class=by_class, patience=None)
-                result = plan(ir, load_cluster(name), options=options)
-                cells += [
-                    str(result.iterations),
-                    str(result.evaluations),
-                    f"{result.plan_time_s:.1f}",
-                    f"{result.step_time_s * 1e3:,.1f}",
-                ]
-            lines.append("| " + " | ".join(cells) + " |")
-            print(lines[-1], flush=True)
-    return lines
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--sizes", nargs="*", type=int, default=SIZES)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--per-gpu-max", type=int, default=128)
-    parser.add_argument("--depth-clusters", nargs="*", default=DEPTH_CLUSTERS)
-    parser.add_argument("--budget-s", type=float, default=10.0)
     args = parser.parse_args()
     evaluations = evaluation_rows(args.models, args.sizes, args.runs, args.per_gpu_max)
-    depth = depth_rows(args.models, args.depth_clusters, args.budget_s)
     body = "\n".join(
         [
             "One `Evaluator.evaluate` (resolve + compile + simulate) per GPU and by symmetry "
@@ -190,19 +158,6 @@ def main() -> None:
             "Time grows with the classes (about two per device group under data "
             "parallelism), not with the GPUs; a strategy that puts a parameter server on "
             "every GPU leaves no two alike and costs what it cost per GPU.",
-            "",
-            f"Search depth: `plan()` at the zoo's batch with a {args.budget_s:.0f} s budget, "
-            "the uniform prior and the convergence stop off (the iterations the budget "
-            "allows), evaluating per GPU and by class, without the distributed GraphDef "
-            "(whose compile alone takes seconds for ResNet-101 on 64 GPUs, see *GraphDef "
-            "compile at scale*: with it, a 10 s plan there has little time to search). "
-            "*evaluations*: the strategies simulated (an iteration that reaches one "
-            "simulated before costs a look-up).",
-            "",
-            "| model | cluster | iterations per GPU | evaluations | plan time (s) | step (ms) "
-            "| iterations by class | evaluations | plan time (s) | step (ms) |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            *depth,
         ]
     )
     write_section(

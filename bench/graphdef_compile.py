@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 from bench.report import (
@@ -20,7 +19,7 @@ from bench.report import (
     before_note,
     kept_for_later,
     rows_before,
-    write_section,
+    write_table,
 )
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.cost.op_time import OpCostModel
@@ -90,17 +89,15 @@ def main() -> None:
     if kept_for_later(args, rows):
         return
     compared = before_note(args, before) + (" The graphs are byte-identical." if before else "")
-    body = "\n".join(
-        [
-            "Seconds from a resolved strategy to the bytes of `distributed.pb` "
-            "(`compile_graphdef`, median of "
-            f"{args.runs} after a warm-up), one core; zoo batch sizes.{compared}",
-            "",
-            *lines,
-        ]
+    write_table(
+        "graphdef-compile",
+        "GraphDef compile at scale",
+        "bench.graphdef_compile",
+        "Seconds from a resolved strategy to the bytes of `distributed.pb` "
+        f"(`compile_graphdef`, median of {args.runs} after a warm-up), one core; zoo batch "
+        f"sizes.{compared}",
+        lines,
     )
-    command = " ".join(["python -m bench.graphdef_compile", *sys.argv[1:]])
-    write_section("graphdef-compile", "GraphDef compile at scale", command, body)
 
 
 if __name__ == "__main__":

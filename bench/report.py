@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -110,3 +111,10 @@ def write_section(key: str, title: str, command: str, body: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     BENCHMARKS.write_text(text)
+
+
+def write_table(key: str, title: str, module: str, intro: str, lines: list[str]) -> None:
+    """Replace section ``key`` with ``intro`` over the table ``lines``, under the command
+    this run of ``module`` was given."""
+    command = " ".join([f"python -m {module}", *sys.argv[1:]])
+    write_section(key, title, command, "\n".join([intro, "", *lines]))

@@ -50,9 +50,11 @@ one :class:`~.budget.Deadline` fixed when planning starts (a job's workers share
 DP-NCCL, the reference, always runs; the other baselines share a quarter of the budget
 and a baseline whose evaluation would not fit what is left is skipped (m-SCT's LP stops
 at its share). The search gets what is left less a reserve for SFB (a share of the
-budget), the final simulations (each timed like DP-NCCL's evaluation), the plan's
-per-GPU simulation and the distributed GraphDef (both scaled by the GPUs per symmetry
-class, as their cost grows with the GPUs); a pipeline it has no time left to simulate is
+budget), the final simulations (each timed like DP-NCCL's evaluation), the distributed
+GraphDef and the plan's per-GPU simulation for its timeline (both scaled by the GPUs per
+symmetry class, as their cost grows with the GPUs; the timeline only while it takes at
+most a tenth of the budget, past which the search comes first and the timeline is
+simulated per GPU only with time left over); a pipeline it has no time left to simulate is
 not simulated; it also stops once it has converged (:mod:`~.search.mcts`). SFB stops at
 its share. The distributed GraphDef is compiled only when its estimate ends within a
 tenth of the budget past the deadline: otherwise the plan answers without it
@@ -136,6 +138,10 @@ _BASELINE_SHARE = 0.25
 _SFB_SHARE = 0.08
 # simulations after the search: the search's plan and the best baseline, SFB's checks
 _FINISH_EVALUATIONS = 4
+# time is kept for the plan's own simulation per GPU (its timeline) only while that takes
+# at most this share of the budget: on a short budget over many GPUs the search gets the
+# time, and the timeline shows each symmetry class's first GPU unless time is left over
+_TIMELINE_SHARE = 0.1
 # the distributed GraphDef costs about this many per-GPU evaluations to compile (a per-GPU
 # evaluation estimated as the by-class one times CompiledTasks.per_gpu_factor; measured
 # on one machine: ResNet-101 on scale:64 5.9 and on cloud 5.0, BERT-Large on scale:128
@@ -660,8 +666,13 @@ class Planner:
         return _FINISH_EVALUATIONS * self.evaluation_s + self._graphdef_s(self.graphdef)
 
     def _last_steps_s(self, graphdef: bool) -> float:
-        """The simulations after the search and what :meth:`_per_gpu_steps_s` counts."""
-        return _FINISH_EVALUATIONS * self.evaluation_s + self._per_gpu_steps_s(graphdef)
+        """The time kept after the search: its simulations, the distributed GraphDef and,
+        while it takes at most :data:`_TIMELINE_SHARE` of the budget, the plan's per-GPU
+        simulation (past that, the search comes first: the timeline is simulated per GPU
+        only when the other steps leave it time)."""
+        timeline_s = self.per_gpu_factor * self.evaluation_s
+        kept_s = timeline_s if timeline_s <= _TIMELINE_SHARE * self.options.budget_s else 0.0
+        return _FINISH_EVALUATIONS * self.evaluation_s + kept_s + self._graphdef_s(graphdef)
 
     def _per_gpu_steps_s(self, graphdef: bool) -> float:
         """The plan's own simulation per GPU (for its timeline) and the distributed

@@ -158,6 +158,22 @@ def test_a_cold_simulator_is_not_taken_for_slow_evaluations(tmp_path) -> None:
     assert answer["phases"]["search"]["status"] == "done" and answer["iterations"] == 3
 
 
+
+def test_the_search_gets_the_time_of_a_timeline_over_a_tenth_of_the_budget() -> None:
+    """The time after the search is kept for the plan's per-GPU simulation (its timeline)
+    while that takes at most a tenth of the budget; a longer one keeps none, and the
+    search gets those seconds."""
+    options = PlanOptions(budget_s=60.0, sfb=False)
+    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options, graphdef=False)
+    planner.deadline = Deadline.after(60.0)
+    planner.evaluation_s = 0.5
+    planner.per_gpu_factor = 10.0  # a 5 s timeline: kept
+    kept = planner.search_budget_s()
+    planner.per_gpu_factor = 14.0  # a 7 s timeline: over 6 s, left to the time left over
+    searched = planner.search_budget_s()
+    assert searched - kept == pytest.approx(5.0, abs=0.1)
+    assert searched == pytest.approx(60.0 - 4 * 0.5, abs=0.1)
+
 def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
     """Cutting a large graph into stages takes seconds: with no time left for a
     simulation of two micro-batches the planner does not cut, and says so."""

@@ -1,0 +1,129 @@
+"""Search depth: the iterations a plan's tree search reaches in a fixed budget on large
+allocations, per GPU and by symmetry class.
+
+For ResNet-101 and BERT-Large on ``cloud`` (32 GPUs) and ``scale:64``, ``plan()`` at the
+zoo's batch with each ``--budgets`` budget, the uniform prior and the convergence stop
+off (the iterations the budget allows), without the distributed GraphDef (whose compile
+alone takes seconds on 64 GPUs: see *GraphDef compile at scale*), once evaluating per GPU
+and once by class: iterations, the strategies simulated (an iteration that reaches one
+simulated before costs a look-up), the search's seconds, the plan time and the plan's
+step. Each plan runs in a process of its own, so none finds what an earlier one left in
+memory.
+
+``--json`` writes the rows for a later run of other code to print beside its own
+(``--before``: its iterations by class and step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from bench.report import (
+    add_comparison_arguments,
+    before_note,
+    kept_for_later,
+    rows_before,
+    write_table,
+)
+
+MODELS = ["resnet101", "bert_large"]
+CLUSTERS = ["cloud", "scale:64"]
+BUDGETS_S = [10.0, 30.0]
+
+_ONE_PLAN = """
+import json, sys
+from tagplan.planner.graph.analyzer import analyze
+from tagplan.planner.graph.source import load_graph_source
+from tagplan.planner.options import PlanOptions
+from tagplan.planner.plan import plan
+from tagplan.planner.topology import load_cluster
+
+model, cluster, budget_s, by_class = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+source = load_graph_source(f"zoo:{model}")
+ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+options = PlanOptions(budget_s=budget_s, by_class=by_class == "1", patience=None)
+result = plan(ir, load_cluster(cluster), options=options)
+print(json.dumps({
+    "iterations": result.iterations,
+    "evaluations": result.evaluations,
+    "search_s": result.phases["search"]["seconds"],
+    "plan_s": result.plan_time_s,
+    "step_ms": result.step_time_s * 1e3,
+}))
+"""
+
+
+def one_plan(model: str, cluster: str, budget_s: float, by_class: bool) -> dict:
+    """The figures of one plan, planned in a new process."""
+    argv = [model, cluster, str(budget_s), "1" if by_class else "0"]
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_PLAN, *argv], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cells(figures: dict) -> list[str]:
+    return [
+        str(figures["iterations"]),
+        str(figures["evaluations"]),
+        f"{figures['search_s']:.1f}",
+        f"{figures['plan_s']:.1f}",
+        f"{figures['step_ms']:,.1f}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=MODELS)
+    parser.add_argument("--clusters", nargs="*", default=CLUSTERS)
+    parser.add_argument("--budgets", nargs="*", type=float, default=BUDGETS_S)
+    add_comparison_arguments(parser)
+    args = parser.parse_args()
+    before, label = rows_before(args), args.before_label
+    lines = [
+        "| model | cluster | budget (s) | per GPU: iterations | evaluations | search (s) "
+        "| plan time (s) | step (ms) | by class: iterations | evaluations | search (s) "
+        "| plan time (s) | step (ms) |"
+        + (f" {label}: iterations by class | {label}: step (ms) |" if before else ""),
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |" + (" ---: | ---: |" if before else ""),
+    ]
+    rows = []
+    for model in args.models:
+        for cluster in args.clusters:
+            for budget_s in args.budgets:
+                per_gpu = one_plan(model, cluster, budget_s, by_class=False)
+                by_class = one_plan(model, cluster, budget_s, by_class=True)
+                case = f"{model} {cluster} {budget_s:g}"
+                rows.append({"case": case, "per_gpu": per_gpu, "by_class": by_class})
+                cells = [model, cluster, f"{budget_s:g}", *_cells(per_gpu), *_cells(by_class)]
+                old = before.get(case)
+                if before:
+                    old_class = old["by_class"] if old else None
+                    cells += (
+                        [str(old_class["iterations"]), f"{old_class['step_ms']:,.1f}"]
+                        if old_class
+                        else ["—", "—"]
+                    )
+                lines.append("| " + " | ".join(cells) + " |")
+                print(lines[-1], flush=True)
+    if kept_for_later(args, rows):
+        return
+    write_table(
+        "search-depth",
+        "Search depth at allocation scale",
+        "bench.search_depth",
+        "`plan()` at the zoo's batch, the uniform prior, the convergence stop off, no "
+        "distributed GraphDef, each plan in a process of its own; *search (s)*: the search "
+        "phase's seconds (the rest of the plan: the baselines before it, SFB and the final "
+        "per-GPU simulation after it); *evaluations*: the strategies simulated (an "
+        "iteration that reaches one simulated before costs a look-up)." + before_note(args, before),
+        lines,
+    )
+
+
+if __name__ == "__main__":
+    main()
