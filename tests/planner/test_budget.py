@@ -158,7 +158,6 @@ def test_a_cold_simulator_is_not_taken_for_slow_evaluations(tmp_path) -> None:
     assert answer["phases"]["search"]["status"] == "done" and answer["iterations"] == 3
 
 
-
 def test_the_search_gets_the_time_of_a_timeline_over_a_tenth_of_the_budget() -> None:
     """The time after the search is kept for the plan's per-GPU simulation (its timeline)
     while that takes at most a tenth of the budget; a longer one keeps none, and the
@@ -173,6 +172,7 @@ def test_the_search_gets_the_time_of_a_timeline_over_a_tenth_of_the_budget() -> 
     searched = planner.search_budget_s()
     assert searched - kept == pytest.approx(5.0, abs=0.1)
     assert searched == pytest.approx(60.0 - 4 * 0.5, abs=0.1)
+
 
 def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
     """Cutting a large graph into stages takes seconds: with no time left for a
