@@ -670,14 +670,18 @@ class Planner:
         while it takes at most :data:`_TIMELINE_SHARE` of the budget, the plan's per-GPU
         simulation (past that, the search comes first: the timeline is simulated per GPU
         only when the other steps leave it time)."""
-        timeline_s = self.per_gpu_factor * self.evaluation_s
+        timeline_s = self._timeline_s()
         kept_s = timeline_s if timeline_s <= _TIMELINE_SHARE * self.options.budget_s else 0.0
         return _FINISH_EVALUATIONS * self.evaluation_s + kept_s + self._graphdef_s(graphdef)
 
     def _per_gpu_steps_s(self, graphdef: bool) -> float:
         """The plan's own simulation per GPU (for its timeline) and the distributed
         GraphDef, whose compile grows with the GPUs as that simulation does."""
-        return self.per_gpu_factor * self.evaluation_s + self._graphdef_s(graphdef)
+        return self._timeline_s() + self._graphdef_s(graphdef)
+
+    def _timeline_s(self) -> float:
+        """The plan's own simulation per GPU, for its timeline, as estimated."""
+        return self.per_gpu_factor * self.evaluation_s
 
     def search_budget_s(self) -> float:
         """The search's seconds: what the deadline leaves after the finish's reserve
