@@ -59,9 +59,9 @@ print(json.dumps({
 def one_plan(model: str, cluster: str, budget_s: float, by_class: bool) -> dict:
     """The figures of one plan, planned in a new process."""
     argv = [model, cluster, str(budget_s), "1" if by_class else "0"]
-    done = subprocess.run(
-        [sys.executable, "-c", _ONE_PLAN, *argv], capture_output=True, text=True, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", _ONE_PLAN, *argv], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{model} on {cluster}: {done.stderr.strip().splitlines()[-1]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -6,6 +6,7 @@ import typer
 
 from tagplan.cli import (
     analyze,
+    bench,
     cluster,
     compile,
     cost,
@@ -43,6 +44,9 @@ app.command("worker")(service.worker_command)
 app.command("submit")(service.submit_command)
 app.command("demo")(service.demo_command)
 app.add_typer(keys.app, name="keys")
+app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    bench.bench_command
+)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tagplan.cli import app
+from tagplan.cli.bench import benchmarks
 from tagplan.cli.common import EXIT_BAD_INPUT, print_json
 from tests.planner.graph.builders import const, dense_graph, document, op
 
@@ -329,3 +330,16 @@ def test_submit_of_a_missing_graph_file_is_bad_input() -> None:
     result = invoke("submit", "no/such/graph.pb", "-c", "testbed")
     assert result.exit_code == EXIT_BAD_INPUT
     assert "No such file" in result.stderr and "Traceback" not in result.output
+
+
+def test_bench_lists_the_benchmarks_and_runs_one_with_its_options() -> None:
+    """``tagplan bench`` lists bench/'s scripts with what each measures; a name runs it
+    with the options after it (its own exit code back); an unknown name is bad input."""
+    listed = invoke("bench")
+    assert listed.exit_code == 0, listed.output
+    assert "search_depth" in listed.output
+    assert "search_depth" in benchmarks() and "report" not in benchmarks()  # a helper
+    assert invoke("bench", "search_depth", "--", "--help").exit_code == 0
+    assert invoke("bench", "search_depth", "--no-such-option").exit_code == 2  # argparse's
+    unknown = invoke("bench", "nope")
+    assert unknown.exit_code == EXIT_BAD_INPUT and "no benchmark 'nope'" in unknown.output
