@@ -12,24 +12,18 @@ from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.walk import default_walk, walk
 from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.graph.analyzer import analyze
-from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.strategy import OpGroup, Option, Strategy, resolve
 from tagplan.planner.topology import load_cluster
-
-
-def _zoo(model: str):
-    source = load_graph_source(f"zoo:{model}")
-    return analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
 
 @pytest.mark.parametrize("model", ["small_cnn", "tiny_lstm", "tiny_wide_deep"])
 def test_fragments_and_crossings_read_every_input_once(model: str) -> None:
-    ir = _zoo(model)
+    ir = zoo_ir(model)
     chunk = np.random.default_rng(3).integers(0, 5, size=ir.num_ops)
     order = walk(ir, chunk)
     reads: Counter = Counter()
@@ -53,7 +47,8 @@ def test_fragments_and_crossings_read_every_input_once(model: str) -> None:
 
 def pinned(strategy: Strategy, ir, cluster) -> Strategy:
     """``strategy`` with each parameter server named where resolving it put it (a server
-    left unnamed goes round robin over the groups, which another grouping numbers anew)."""
+    left unnamed goes round robin over the groups that leave theirs unnamed, which another
+    grouping counts anew)."""
     resolved = resolve(strategy, ir, cluster)
     groups = [
         OpGroup(
@@ -74,7 +69,7 @@ def test_a_placement_compiles_alike_whatever_groups_name_it(model: str) -> None:
     """A random mix of the search's replicating actions, over the search's op groups and
     again with every op a group of its own: the same placement, the same task graph (but
     the group each task reports to) and the same step."""
-    ir = _zoo(model)
+    ir = zoo_ir(model)
     cluster = load_cluster("testbed")
     evaluator = Evaluator(ir, cluster)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, evaluator.costs), max_groups=8)
@@ -110,8 +105,7 @@ def test_a_placement_compiles_alike_whatever_groups_name_it(model: str) -> None:
 def test_a_graphdef_compiled_in_an_evaluators_walk_is_the_one_it_cuts_itself() -> None:
     """The planner hands the GraphDef its evaluator's walk instead of cutting the graph
     again: the same chunks, the same bytes."""
-    source = load_graph_source("zoo:small_cnn")
-    ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
+    source, ir = zoo_source("small_cnn"), zoo_ir("small_cnn")
     cluster = load_cluster("testbed")
     evaluator = Evaluator(ir, cluster)
     assert evaluator.compiler.walk.op_order.tolist() == default_walk(ir, cluster).op_order.tolist()
