@@ -288,6 +288,14 @@ def read_measured(path: Path) -> tuple[dict, str]:
     return measured, type_name
 
 
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def _ratio(predicted_s: float, measured_s: float | None) -> str:
+    return "–" if measured_s is None else f"{predicted_s / measured_s:.2f}"
+
+
 def compare(measured_path: Path) -> None:
     measured, type_name = read_measured(measured_path)
     device = measured["device"]
@@ -325,7 +333,8 @@ def compare(measured_path: Path) -> None:
                     for tiled in (True, False)
                 ]
                 step = measured["model_step_s"][mode][model]
-                step_rows.append((model, ir.batch_size, mode, *simulated, step))
+                graph = measured.get("model_graph_step_s", {}).get(mode, {}).get(model)
+                step_rows.append((model, ir.batch_size, mode, *simulated, step, graph))
     if memory:
         lines += [
             "",
@@ -340,17 +349,20 @@ def compare(measured_path: Path) -> None:
     lines += [
         "",
         "Whole SGD training step: the zoo graph's simulated `single` step against the "
-        "torchvision network of the same architecture timed on the GPU (PyTorch's eager "
-        "runtime launches every kernel from Python; TensorFlow's executor does not):",
+        "torchvision network of the same architecture timed on the GPU, run eagerly "
+        "(PyTorch launches every kernel from Python; TensorFlow's executor does not) and, "
+        "where the measurement has it, replayed from a CUDA graph (the same kernels, none "
+        "waiting for a launch):",
         "",
-        "| model | batch | mode | measured ms | predicted ms, tiled | tiled / measured | "
-        "flat / measured |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| model | batch | mode | eager ms | CUDA graph ms | predicted ms, tiled | "
+        "tiled / eager | tiled / graph | flat / graph |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {model} | {batch} | {mode} | {m * 1e3:,.1f} | {tiled * 1e3:,.1f} | "
-        f"{tiled / m:.2f} | {flat / m:.2f} |"
-        for model, batch, mode, tiled, flat, m in step_rows
+        f"| {model} | {batch} | {mode} | {eager * 1e3:,.1f} | {_ms(graph)} | "
+        f"{tiled * 1e3:,.1f} | {tiled / eager:.2f} | {_ratio(tiled, graph)} | "
+        f"{_ratio(flat, graph)} |"
+        for model, batch, mode, tiled, flat, eager, graph in step_rows
     ]
     body = "\n".join(lines)
     print(body)

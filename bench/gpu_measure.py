@@ -23,7 +23,9 @@ rounds of back-to-back calls (CUDA events, ~10 ms per round) after a warm-up cal
 kernels of a few microseconds that includes PyTorch's launch from Python.
 
 The output also holds whole training steps of the torchvision networks that match the
-zoo's CNNs (SGD, batch 96, both modes) and the GPU's achieved peaks (a large matrix
+zoo's CNNs (SGD, batch 96, both modes), run eagerly and replayed from a CUDA graph (the
+same kernels with no launch from Python between them, as TensorFlow's executor launches
+from C++), and the GPU's achieved peaks (a large matrix
 product per mode, a device-to-device copy). It is written after every section, so a run
 stopped early keeps what it measured.
 """
@@ -234,12 +236,43 @@ def measure_kernels(
             save()
 
 
-def measure_models(device: torch.device, mode: str) -> dict[str, float]:
-    """Seconds per SGD training step of each torchvision network at ``MODEL_BATCH``."""
+def _step_s(step: Callable[[], Any]) -> float:
+    """Mean seconds of one call of ``step`` over ``MODEL_STEPS``, after three warm-ups."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(MODEL_STEPS):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / MODEL_STEPS
+
+
+def _graphed(train: Callable[[], Any], optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+    """``train`` captured once as a CUDA graph (PyTorch's whole-network capture recipe):
+    a replay launches the step's kernels back to back with no Python between them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            train()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        train()
+    return graph.replay
+
+
+def measure_models(device: torch.device, mode: str) -> dict[str, dict[str, float]]:
+    """Seconds per SGD training step of each torchvision network at ``MODEL_BATCH``, run
+    eagerly (``eager``) and replayed from a CUDA graph (``graph``; absent where the
+    capture failed)."""
     import torchvision
 
     set_mode(mode)
-    steps: dict[str, float] = {}
+    steps: dict[str, dict[str, float]] = {"eager": {}, "graph": {}}
     for name, (builder, size) in MODELS.items():
         options = {"aux_logits": False, "init_weights": False} if builder == "inception_v3" else {}
         model = getattr(torchvision.models, builder)(weights=None, **options).to(device)
@@ -247,19 +280,19 @@ def measure_models(device: torch.device, mode: str) -> dict[str, float]:
         images = torch.randn(MODEL_BATCH, 3, size, size, device=device)
         labels = torch.randint(0, 1000, (MODEL_BATCH,), device=device)
 
-        def step(model=model, optimizer=optimizer, images=images, labels=labels) -> None:
-            optimizer.zero_grad(set_to_none=True)
+        def train(model=model, optimizer=optimizer, images=images, labels=labels) -> None:
             F.cross_entropy(model(images), labels).backward()
             optimizer.step()
 
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(MODEL_STEPS):
-            step()
-        torch.cuda.synchronize()
-        steps[name] = (time.perf_counter() - started) / MODEL_STEPS
+        def step(train=train, optimizer=optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            train()
+
+        steps["eager"][name] = _step_s(step)
+        try:
+            steps["graph"][name] = _step_s(_graphed(train, optimizer))
+        except (RuntimeError, AssertionError) as error:  # one capture, not the run
+            print(f"{name} {mode} graph: {error}", flush=True)
         del model, optimizer
         torch.cuda.empty_cache()
     return steps
@@ -296,6 +329,7 @@ def main() -> None:
         "peaks": measure_peaks(device),
         "kernel_s": {},
         "model_step_s": {},
+        "model_graph_step_s": {},
     }
 
     def save() -> None:
@@ -310,7 +344,9 @@ def main() -> None:
         save()
     for mode in () if args.skip_models else MODES:
         started = time.perf_counter()
-        result["model_step_s"][mode] = measure_models(device, mode)
+        measured = measure_models(device, mode)
+        result["model_step_s"][mode] = measured["eager"]
+        result["model_graph_step_s"][mode] = measured["graph"]
         print(f"models {mode}: {time.perf_counter() - started:.0f} s", flush=True)
         save()
 
