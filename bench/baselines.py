@@ -59,7 +59,7 @@ def main() -> None:
     write_section(
         "baselines",
         "Baseline step times",
-        "python -m bench.baselines " + " ".join(args.models),
+        "python -m bench.baselines --models " + " ".join(args.models),
         body,
     )
 

@@ -16,8 +16,8 @@ convolution's FLOPs are rounded up to whole output tiles where the GPU type name
 tile its libraries compute in (:mod:`.gemm_shape`). A 3x3 stride-1 convolution on
 a GPU whose library offers Winograd algorithms takes the time of the fastest algorithm,
 direct or Winograd, as TensorFlow's cuDNN autotuning does (:mod:`.conv_algo`). A float32
-training batch norm moves its bytes no faster than its channels, one per multiprocessor,
-can stream them (:mod:`.channel_streams`). Ops that
+training batch norm moves its bytes no faster than its channels, each on one
+multiprocessor at a fixed rate, can stream them (:mod:`.channel_streams`). Ops that
 do no work (constants, variable handles, reshapes) cost nothing. Every time says whether
 it was measured.
 """
@@ -213,11 +213,7 @@ class OpCostModel:
         )
         seconds = np.maximum(
             seconds,
-            self.streams.bound_s(
-                bytes_moved,
-                float(cluster.type_memory_bandwidth_bytes_per_s[t]),
-                int(cluster.type_multiprocessors[t]),
-            ),
+            self.streams.bound_s(bytes_moved, int(cluster.type_multiprocessors[t])),
         )
         if cluster.type_winograd[t]:
             winograd_s = self._winograd_s(

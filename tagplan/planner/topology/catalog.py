@@ -48,9 +48,10 @@ class GpuTypeSpec(BaseModel):
     convolution libraries compute a large product in; the cost model rounds a product's
     work up to whole tiles (:mod:`tagplan.planner.cost.gemm_shape`). ``None`` (the
     default) keeps the flops: set only where kernels timed on the GPU show the rounding.
-    ``multiprocessors`` is the GPU's count of streaming multiprocessors; the cost model
-    bounds a float32 training batch norm, which streams one channel per multiprocessor,
-    by it (:mod:`tagplan.planner.cost.channel_streams`). ``None``: no such bound.
+    ``multiprocessors`` is the GPU's count of streaming multiprocessors; on a type that
+    names it the cost model bounds a float32 training batch norm by its channels, each
+    streamed on one multiprocessor at a fixed rate
+    (:mod:`tagplan.planner.cost.channel_streams`). ``None``: no such bound.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

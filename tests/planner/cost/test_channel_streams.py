@@ -1,4 +1,5 @@
-"""Training batch norms stream one channel per multiprocessor: the bound against its formula."""
+"""Training batch norms stream one channel per multiprocessor at a fixed rate: the bound
+against its formula."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from typing import Any
 
 import pytest
 
-from tagplan.planner.cost.channel_streams import BACKWARD_SHARES, FORWARD_SHARES
+from tagplan.planner.cost.channel_streams import (
+    BACKWARD_CHANNEL_GB_PER_S,
+    FORWARD_CHANNEL_GB_PER_S,
+)
 from tagplan.planner.cost.op_time import Efficiency, OpCostModel
 from tagplan.planner.cost.work import graph_work
 from tagplan.planner.graph.analyzer import analyze
@@ -73,15 +77,20 @@ def bytes_of(ir: GraphIR) -> dict[str, float]:
     return {name: float(work.bytes_moved[ir.op_index(name)]) for name in ("bn", "bn_grad")}
 
 
-@pytest.mark.parametrize("channels", [8, 32, 64])
-def test_few_channels_stream_at_one_multiprocessor_share_each(channels: int) -> None:
+@pytest.mark.parametrize("bandwidth_gb_per_s", [BANDWIDTH_GB_PER_S, 2 * BANDWIDTH_GB_PER_S])
+@pytest.mark.parametrize("channels", [8, 16, 32])
+def test_few_channels_stream_at_a_fixed_rate_each(channels: int, bandwidth_gb_per_s: float) -> None:
+    """The channels' rate, not the GPU's bandwidth: twice the bandwidth, the same time."""
     ir = batch_norm_ir(channels)
     moved = bytes_of(ir)
-    share_bytes_per_s = BANDWIDTH_GB_PER_S * 1e9 / MULTIPROCESSORS
-    for name, shares in (("bn", FORWARD_SHARES), ("bn_grad", BACKWARD_SHARES)):
-        expected = moved[name] / (channels * share_bytes_per_s / shares)
-        assert seconds(ir)[name] == pytest.approx(expected, rel=1e-12)
-        assert expected > moved[name] / (BANDWIDTH_GB_PER_S * 1e9)  # slower than the roofline
+    gpu = GPU.model_copy(update={"memory_bandwidth_gb_per_s": bandwidth_gb_per_s})
+    for name, rate_gb_per_s in (
+        ("bn", FORWARD_CHANNEL_GB_PER_S),
+        ("bn_grad", BACKWARD_CHANNEL_GB_PER_S),
+    ):
+        expected = moved[name] / (channels * rate_gb_per_s * 1e9)
+        assert seconds(ir, gpu)[name] == pytest.approx(expected, rel=1e-12)
+        assert expected > moved[name] / (bandwidth_gb_per_s * 1e9)  # slower than the roofline
 
 
 def test_many_channels_keep_the_roofline() -> None:
