@@ -1,6 +1,7 @@
 """The GNN prior's inference per expansion: message passing over all edge types at once
 (:mod:`tagplan.gnn.hetero_attention`, what the search runs) against PyG's HeteroConv of
-GATv2Conv modules (the reference), with the shipped checkpoint's weights, on one thread.
+GATv2Conv modules over the same parameters (the reference), with the shipped checkpoint's
+weights, on one thread.
 
 For each case a search with the shipped prior runs ``--iterations`` iterations; the
 vertices it expanded are then scored again by both paths, alternating, each timed over
@@ -46,7 +47,7 @@ def measure(model: str, cluster: str, iterations: int, repeats: int) -> dict:
     answers: dict[bool, list[np.ndarray]] = {True: [], False: []}
     for _ in range(repeats):
         for fused in (True, False):
-            prior.model.fused = fused
+            prior.model.run_pyg_reference(not fused)
             answers[fused] = []
             for query in queries:
                 started = time.perf_counter()
@@ -107,7 +108,8 @@ def main() -> None:
             "state's graph, its tensors, the forward pass), one thread, median over the "
             f"vertices a {args.iterations}-iteration search expanded, {args.repeats} rounds "
             "alternating the two paths. *HeteroConv*: PyG's HeteroConv of one GATv2Conv per "
-            "edge type, the network as written; *fused*: the same layers computed over all "
+            "edge type over the network's parameters (`PriorNet.run_pyg_reference`); "
+            "*fused*: the same layers computed over all "
             "edge types as one edge list, the op-group x device-group types as dense grids "
             "(`tagplan/gnn/hetero_attention.py`), what a search runs. Same weights; the "
             "priors agree to the last column." + before_note(args, before),

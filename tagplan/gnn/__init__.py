@@ -38,8 +38,9 @@ _RECORD = ("checkpoints", "prior.json")
 
 
 def gnn_available() -> bool:
-    """Whether torch and PyTorch Geometric are installed (``pip install '.[gnn]'``)."""
-    return find_spec("torch") is not None and find_spec("torch_geometric") is not None
+    """Whether torch is installed (``pip install '.[gnn]'``): the prior's network runs on
+    torch alone (PyTorch Geometric, in the same extra, is the tests' reference)."""
+    return find_spec("torch") is not None
 
 
 def prior_name(digest: str) -> str:
@@ -68,9 +69,7 @@ def load_prior(source: str | Path | bytes | None = None) -> Prior:
     one). Raises :class:`~tagplan.planner.errors.InvalidInput` without torch, and
     :class:`~.checkpoint.CheckpointRefused` for a checkpoint this version cannot use."""
     if not gnn_available():
-        raise InvalidInput(
-            "the GNN prior needs torch and torch-geometric: pip install 'tagplan[gnn]'"
-        )
+        raise InvalidInput("the GNN prior needs torch: pip install 'tagplan[gnn]'")
     import torch
 
     from tagplan.gnn.checkpoint import load_checkpoint

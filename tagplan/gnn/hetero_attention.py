@@ -1,19 +1,24 @@
 """One round of heterogeneous GATv2 message passing over every edge type at once.
 
-:class:`~torch_geometric.nn.HeteroConv` with one :class:`~torch_geometric.nn.GATv2Conv` per
-edge type runs each convolution on its own: five edge types and three layers are fifteen
-passes through PyG's message-passing machinery per expansion, whose Python overhead, not
-the arithmetic, made the prior cost about 10 ms on 60 op groups x 32 device groups
-(several thousand edges). :func:`hetero_gatv2` computes the same function with the same
-parameters (the convolutions' own ``lin_l``, ``lin_r``, ``lin_edge``, ``att`` and ``bias``,
-so checkpoints are unchanged): each edge type's node and edge projections, then the
-attention logits, the softmax and the messages of all edge types as one list of edges.
-An edge type with an edge from every source to every destination (every op group to
-every device group, in one state's graph), or from every node to every other of its type
-(every ordered pair of device groups), is computed densely instead: the logits as a
-(destination x source) array, a softmax along its rows (a missing self-edge masked out of
-it), the messages as one product per head, with no per-edge gathers or message buffers
-(the largest edge types, and most of the time otherwise).
+:class:`HeteroGat` holds one :class:`GatV2` per edge type: the parameters of PyTorch
+Geometric's ``HeteroConv`` of ``GATv2Conv(add_self_loops=False)`` modules, under the same
+names (so a checkpoint's keys are PyG's) and initialized as PyG initializes them (the
+same weights for a seed), without importing PyG at run time (:mod:`.segments` says why);
+:func:`pyg_reference` builds PyG's own modules over the same parameters, the reference
+the tests and ``bench/gnn_latency.py`` compare with.
+
+Run by PyG, five edge types and three layers are fifteen passes through its
+message-passing machinery per expansion, whose Python overhead, not the arithmetic, made
+the prior cost about 10 ms on 60 op groups x 32 device groups (several thousand edges).
+:func:`hetero_gatv2` computes the same function with the same parameters: each edge
+type's node and edge projections, then the attention logits, the softmax and the messages
+of all edge types as one list of edges. An edge type with an edge from every source to
+every destination (every op group to every device group, in one state's graph), or from
+every node to every other of its type (every ordered pair of device groups), is computed
+densely instead: the logits as a (destination x source) array, a softmax along its rows
+(a missing self-edge masked out of it), the messages as one product per head, with no
+per-edge gathers or message buffers (the largest edge types, and most of the time
+otherwise).
 
 Why it equals ``HeteroConv(..., aggr="sum")`` over ``GATv2Conv(add_self_loops=False,
 concat=True, dropout=0, share_weights=False)`` (Brody et al., GATv2: for an edge ``j -> i``
@@ -29,17 +34,131 @@ differs (tests compare with PyG's modules to 1e-5).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torch_geometric.nn import GATv2Conv, HeteroConv
-from torch_geometric.utils import softmax
+from torch import Tensor, nn
 
-__all__ = ["EdgeLayout", "Grid", "edge_layout", "hetero_gatv2"]
+from tagplan.gnn.segments import segment_softmax
+
+__all__ = [
+    "EdgeLayout",
+    "GatV2",
+    "Grid",
+    "HeteroGat",
+    "edge_layout",
+    "hetero_gatv2",
+    "pyg_reference",
+]
 
 EdgeType = tuple[str, str, str]
+
+
+def _glorot(value: Tensor) -> None:
+    """PyG's ``glorot``: uniform within ``sqrt(6 / (rows + columns))`` of the last two
+    dimensions."""
+    bound = math.sqrt(6.0 / (value.size(-2) + value.size(-1)))
+    with torch.no_grad():
+        value.uniform_(-bound, bound)
+
+
+class _Linear(nn.Module):
+    """PyG's ``Linear(weight_initializer="glorot")``: a glorot weight, a bias uniform
+    within ``1 / sqrt(inputs)``."""
+
+    def __init__(self, inputs: int, outputs: int, bias: bool) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.weight = nn.Parameter(torch.empty(outputs, inputs))
+        self.bias = nn.Parameter(torch.empty(outputs)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _glorot(self.weight)
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.inputs)
+            with torch.no_grad():
+                self.bias.uniform_(-bound, bound)
+
+
+class GatV2(nn.Module):
+    """The parameters of ``GATv2Conv(channels, out_channels, heads=heads,
+    edge_dim=edge_dim, add_self_loops=False)``, named as PyG names them and drawn from the
+    random stream in PyG's order (each linear layer at its construction and again at the
+    convolution's reset, then the attention vectors; the bias at zero)."""
+
+    negative_slope = 0.2
+
+    def __init__(self, channels: int, out_channels: int, heads: int, edge_dim: int) -> None:
+        super().__init__()
+        self.heads, self.out_channels = heads, out_channels
+        width = heads * out_channels
+        self.lin_l = _Linear(channels, width, bias=True)
+        self.lin_r = _Linear(channels, width, bias=True)
+        self.att = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.lin_edge = _Linear(edge_dim, width, bias=False)
+        self.bias = nn.Parameter(torch.empty(width))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for layer in (self.lin_l, self.lin_r, self.lin_edge):
+            layer.reset_parameters()
+        _glorot(self.att)
+        nn.init.zeros_(self.bias)
+
+
+def _key(edge_type: EdgeType) -> str:
+    """PyG's ``ModuleDict`` key of an edge type."""
+    return "<" + "___".join(edge_type) + ">"
+
+
+class HeteroGat(nn.Module):
+    """One :class:`GatV2` per edge type, summed into each destination (PyG's
+    ``HeteroConv(..., aggr="sum")``); indexed by edge type."""
+
+    def __init__(self, channels: int, heads: int, edge_dims: dict[EdgeType, int]) -> None:
+        super().__init__()
+        self.edge_types = tuple(edge_dims)
+        self.convs = nn.ModuleDict(
+            {
+                _key(edge_type): GatV2(channels, channels // heads, heads, dim)
+                for edge_type, dim in edge_dims.items()
+            }
+        )
+
+    def __getitem__(self, edge_type: EdgeType) -> GatV2:
+        return self.convs[_key(edge_type)]
+
+
+def pyg_reference(conv: HeteroGat) -> Any:
+    """PyG's ``HeteroConv`` of ``GATv2Conv`` modules computing what ``conv`` computes,
+    over ``conv``'s own parameters (gradients reach them): the reference the tests and the
+    latency benchmark compare :func:`hetero_gatv2` with. Imports PyG."""
+    from torch_geometric.nn import GATv2Conv, HeteroConv
+
+    reference = HeteroConv(
+        {
+            edge_type: GATv2Conv(
+                conv[edge_type].lin_l.inputs,
+                conv[edge_type].out_channels,
+                heads=conv[edge_type].heads,
+                edge_dim=conv[edge_type].lin_edge.inputs,
+                add_self_loops=False,
+            )
+            for edge_type in conv.edge_types
+        },
+        aggr="sum",
+    )
+    for edge_type in conv.edge_types:
+        mine, theirs = conv[edge_type], reference.convs[edge_type]
+        for layer in ("lin_l", "lin_r", "lin_edge"):
+            getattr(theirs, layer).weight = getattr(mine, layer).weight
+            getattr(theirs, layer).bias = getattr(mine, layer).bias
+        theirs.att, theirs.bias = mine.att, mine.bias
+    return reference
 
 
 @dataclass(frozen=True)
@@ -133,7 +252,7 @@ def _grid(index: Tensor, sources: int, destinations: int) -> Grid | None:
     return None
 
 
-def _per_head(module: GATv2Conv) -> Tensor:
+def _per_head(module: GatV2) -> Tensor:
     """The (heads x channels) attention vectors as the block-diagonal (heads x heads *
     channels) matrix whose product with the edges' hidden vectors (as columns) gives each
     head's dot product per edge: one matrix product with a wide result instead of a
@@ -153,21 +272,21 @@ def _per_head(module: GATv2Conv) -> Tensor:
     return matrix
 
 
-def _linear(layer: torch.nn.Module, x: Tensor) -> Tensor:
+def _linear(layer: nn.Module, x: Tensor) -> Tensor:
     """``layer(x)`` for a linear layer, without the module call's hooks and dispatch
     (a few microseconds each, thirty times per expansion)."""
     return F.linear(x, layer.weight, layer.bias)
 
 
 def hetero_gatv2(
-    conv: HeteroConv, x: dict[str, Tensor], layout: EdgeLayout, edge_attr: dict[EdgeType, Tensor]
+    conv: HeteroGat, x: dict[str, Tensor], layout: EdgeLayout, edge_attr: dict[EdgeType, Tensor]
 ) -> dict[str, Tensor]:
     """``conv(x, edge_index, edge_attr_dict=edge_attr)`` for the edge types of ``layout``,
     computed as one edge list (module docstring)."""
     sources, logits = [], []
     bias = dict.fromkeys(x, 0.0)
     for edge_type in layout.types:
-        module = conv.convs[edge_type]
+        module = conv[edge_type]
         src, dst = layout.index[edge_type]
         x_src = _linear(module.lin_l, x[edge_type[0]]).index_select(0, src)
         # in place where autograd allows it: each (edges x width) buffer costs a pass
@@ -179,11 +298,11 @@ def hetero_gatv2(
         logits.append((_per_head(module) @ hidden.t()).t())
         sources.append(x_src.view(len(src), module.heads, module.out_channels))
         bias[edge_type[2]] = bias[edge_type[2]] + module.bias
-    first = next(iter(conv.convs.values()))
+    first = conv[conv.edge_types[0]]
     width = first.heads * first.out_channels
     summed = torch.zeros(layout.num_nodes, width)
     if logits:
-        alpha = softmax(torch.cat(logits), layout.group, num_nodes=layout.num_groups)
+        alpha = segment_softmax(torch.cat(logits), layout.group, layout.num_groups)
         for x_src, part, target in zip(
             sources, alpha.split(layout.counts), layout.target.split(layout.counts), strict=True
         ):
@@ -194,13 +313,13 @@ def hetero_gatv2(
     }
     for edge_type, grid in layout.grids.items():
         out[edge_type[2]] = out[edge_type[2]] + _dense_gatv2(
-            conv.convs[edge_type], x[edge_type[0]], x[edge_type[2]], edge_attr[edge_type], grid
+            conv[edge_type], x[edge_type[0]], x[edge_type[2]], edge_attr[edge_type], grid
         )
     return out
 
 
 def _dense_gatv2(
-    module: GATv2Conv, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, grid: Grid
+    module: GatV2, x_src: Tensor, x_dst: Tensor, edge_attr: Tensor, grid: Grid
 ) -> Tensor:
     """One GATv2 convolution over an edge type with an edge from every source to every
     destination (:class:`Grid`): the sums and the softmax over a (head x destination x

@@ -2,12 +2,12 @@
 graph, and a decoder that scores each candidate action of the op group being decided.
 
 * Each node type is embedded by its own linear layer.
-* ``layers`` rounds of message passing, each a :class:`~torch_geometric.nn.HeteroConv`
-  with one multi-head GATv2 convolution per edge type (its own weights: TAG's per-edge-
-  type γ) that reads the edge's features; messages of the edge types arriving at a node
-  are summed, added to the node's state (a residual) and layer-normalized. The round is
-  computed over all edge types at once (:mod:`.hetero_attention`: the same function with
-  the same parameters, a fraction of the per-expansion time).
+* ``layers`` rounds of message passing, each one multi-head GATv2 convolution per edge
+  type (its own weights: TAG's per-edge-type γ) that reads the edge's features; messages
+  of the edge types arriving at a node are summed, added to the node's state (a residual)
+  and layer-normalized. The round is computed over all edge types at once
+  (:mod:`.hetero_attention`: PyG's ``HeteroConv`` of ``GATv2Conv`` modules, the same
+  parameters under the same names, a fraction of the per-expansion time).
 * The decoder reads, for each action, its own features, the mean and the max of the
   embeddings of the device groups it uses, the embedding of the op group being decided
   and the mean op-group embedding of its graph, and gives one logit; a softmax over the
@@ -19,8 +19,9 @@ What a pass derives from a graph's edges alone (:class:`GraphShape`: the message
 one list, the distinct device sets) does not change between the states of one search; the
 prior derives it once per search (:meth:`PriorNet.shape_of`).
 
-Graphs of several search states batch with PyG's ``Batch``: actions, op and device
-groups carry the index of their graph, so one forward pass scores many states.
+Graphs of several search states batch as PyG's ``Batch`` batches them
+(:func:`~.tensors.batch_tensors`): actions, op and device groups carry the index of their
+graph, so one forward pass scores many states.
 
 A network with a **layout head** (``layout_head=True``) also scores the candidates of the
 pipelined part of the tree (:mod:`.layout_features`): the same decoder shape over its
@@ -39,9 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch_geometric.data import HeteroData
-from torch_geometric.nn import GATv2Conv, HeteroConv
-from torch_geometric.utils import scatter, softmax
 
 from tagplan.gnn.features import (
     ABLATIONS,
@@ -49,30 +47,22 @@ from tagplan.gnn.features import (
     DEV_FEATURES,
     EDGE_FEATURES,
     OP_FEATURES,
-    StateGraph,
 )
-from tagplan.gnn.hetero_attention import EdgeLayout, edge_layout, hetero_gatv2
+from tagplan.gnn.hetero_attention import (
+    EdgeLayout,
+    HeteroGat,
+    edge_layout,
+    hetero_gatv2,
+    pyg_reference,
+)
 from tagplan.gnn.layout_features import LAYOUT_FEATURES
+from tagplan.gnn.segments import segment_max, segment_mean, segment_softmax, segment_sum
+from tagplan.gnn.tensors import GraphTensors
 
-__all__ = ["DEFAULT_HYPER", "GraphShape", "PriorNet", "to_hetero_data"]
+__all__ = ["DEFAULT_HYPER", "GraphShape", "PriorNet"]
 
 DEFAULT_HYPER = {"hidden": 64, "heads": 4, "layers": 3, "ablation": "none"}
 _MESSAGE_EDGES = tuple(e for e in EDGE_FEATURES if e[2] != "act")
-
-
-def to_hetero_data(graph: StateGraph, target: np.ndarray | None = None) -> HeteroData:
-    """A :class:`StateGraph` as PyG data; ``target`` (the visit distribution over the
-    actions) is stored as ``data["act"].y`` for training."""
-    data = HeteroData()
-    data["op"].x = torch.from_numpy(graph.op_x)
-    data["dev"].x = torch.from_numpy(graph.dev_x)
-    data["act"].x = torch.from_numpy(graph.act_x)
-    for edge_type, (index, attr) in graph.edges.items():
-        data[edge_type].edge_index = torch.from_numpy(index)
-        data[edge_type].edge_attr = torch.from_numpy(np.asarray(attr, dtype=np.float32))
-    if target is not None:
-        data["act"].y = torch.from_numpy(np.asarray(target, dtype=np.float32))
-    return data
 
 
 @dataclass(frozen=True)
@@ -111,12 +101,11 @@ def _device_sets(
     return set_member, member_set, action_set
 
 
-def _batch_of(data: HeteroData, node_type: str) -> torch.Tensor:
-    store = data[node_type]
-    batch = getattr(store, "batch", None)
-    if batch is None:
-        return torch.zeros(store.num_nodes, dtype=torch.long)
-    return batch
+def _batch_of(data: GraphTensors, node_type: str) -> torch.Tensor:
+    nodes = data[node_type]
+    if nodes.batch is None:
+        return torch.zeros(nodes.num_nodes, dtype=torch.long)
+    return nodes.batch
 
 
 class PriorNet(nn.Module):
@@ -143,9 +132,9 @@ class PriorNet(nn.Module):
             "layers": layers,
             "ablation": ablation,
         }
-        # message passing by :mod:`.hetero_attention`; False runs the HeteroConv modules
-        # themselves (the reference the tests and bench/gnn_latency.py compare with)
-        self.fused = True
+        # PyG's modules over the same parameters, run instead of :func:`hetero_gatv2`
+        # when set (:meth:`run_pyg_reference`); a plain list, so not a submodule
+        self._reference: list[nn.Module] | None = None
         self.embed = nn.ModuleDict(
             {
                 "op": nn.Linear(len(OP_FEATURES), hidden),
@@ -153,19 +142,7 @@ class PriorNet(nn.Module):
             }
         )
         self.convs = nn.ModuleList(
-            HeteroConv(
-                {
-                    edge_type: GATv2Conv(
-                        hidden,
-                        hidden // heads,
-                        heads=heads,
-                        edge_dim=len(EDGE_FEATURES[edge_type]),
-                        add_self_loops=False,
-                    )
-                    for edge_type in _MESSAGE_EDGES
-                },
-                aggr="sum",
-            )
+            HeteroGat(hidden, heads, {e: len(EDGE_FEATURES[e]) for e in _MESSAGE_EDGES})
             for _ in range(layers)
         )
         self.norms = nn.ModuleList(
@@ -184,12 +161,19 @@ class PriorNet(nn.Module):
     def has_layout_head(self) -> bool:
         return bool(self.hyper.get("layout_head", False))
 
+    def run_pyg_reference(self, on: bool = True) -> None:
+        """Pass messages with PyG's own ``HeteroConv`` of ``GATv2Conv`` modules over this
+        network's parameters (imports PyG): the reference the tests and
+        ``bench/gnn_latency.py`` compare the fused rounds with. ``on=False``: back to
+        :func:`~.hetero_attention.hetero_gatv2`."""
+        self._reference = [pyg_reference(conv) for conv in self.convs] if on else None
+
     def layout_parameters(self) -> list[nn.Parameter]:
         """The layout head's weights: what training it fits (module docstring)."""
         return [*self.layout_embed.parameters(), *self.layout_decoder.parameters()]
 
     @staticmethod
-    def shape_of(data: HeteroData) -> GraphShape:
+    def shape_of(data: GraphTensors) -> GraphShape:
         """The :class:`GraphShape` of ``data`` (a graph or a batch of graphs)."""
         edge_index = {e: data[e].edge_index for e in _MESSAGE_EDGES}
         num_nodes = {t: data[t].num_nodes for t in ("op", "dev")}
@@ -207,33 +191,33 @@ class PriorNet(nn.Module):
             graphs=int(act_batch.max()) + 1 if act_batch.numel() else 1,
         )
 
-    def encode(self, data: HeteroData, shape: GraphShape) -> dict[str, torch.Tensor]:
+    def encode(self, data: GraphTensors, shape: GraphShape) -> dict[str, torch.Tensor]:
         """The op and device groups' embeddings after the rounds of message passing."""
         layout = shape.layout
         h = {t: torch.relu(self.embed[t](data[t].x)) for t in ("op", "dev")}
         edge_attr = {e: data[e].edge_attr for e in _MESSAGE_EDGES}
         edge_index = layout.index
-        for conv, norm in zip(self.convs, self.norms, strict=True):
-            if self.fused:
+        for layer, (conv, norm) in enumerate(zip(self.convs, self.norms, strict=True)):
+            if self._reference is None:
                 out = hetero_gatv2(conv, h, layout, edge_attr)
             else:
-                out = conv(h, edge_index, edge_attr_dict=edge_attr)
+                out = self._reference[layer](h, edge_index, edge_attr_dict=edge_attr)
             h = {t: norm[t](h[t] + torch.relu(out[t])) for t in h}
         return h
 
-    def logits(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
+    def logits(self, data: GraphTensors, shape: GraphShape | None = None) -> torch.Tensor:
         """One logit per action node of ``data`` (a graph or a batch of graphs);
         ``shape``: its :meth:`shape_of`, when the caller keeps it."""
         shape = shape or self.shape_of(data)
         h = self.encode(data, shape)
         op_batch, act_batch, graphs = shape.op_batch, shape.act_batch, shape.graphs
         current = data["op"].x[:, OP_FEATURES.index("current")].unsqueeze(1)
-        current_op = scatter(h["op"] * current, op_batch, dim=0, dim_size=graphs, reduce="sum")
-        mean_op = scatter(h["op"], op_batch, dim=0, dim_size=graphs, reduce="mean")
+        current_op = segment_sum(h["op"] * current, op_batch, graphs)
+        mean_op = segment_mean(h["op"], op_batch, graphs)
         used = h["dev"].index_select(0, shape.set_member)
         sets, member_set = shape.num_sets, shape.member_set
-        used_mean = scatter(used, member_set, dim=0, dim_size=sets, reduce="mean")
-        used_max = scatter(used, member_set, dim=0, dim_size=sets, reduce="max")
+        used_mean = segment_mean(used, member_set, sets)
+        used_max = segment_max(used, member_set, sets)
         features = torch.cat(
             [
                 torch.relu(self.act_embed(data["act"].x)),
@@ -246,19 +230,19 @@ class PriorNet(nn.Module):
         )
         return self.decoder(features).squeeze(1)
 
-    def forward(self, data: HeteroData, shape: GraphShape | None = None) -> torch.Tensor:
+    def forward(self, data: GraphTensors, shape: GraphShape | None = None) -> torch.Tensor:
         """The prior: a softmax over the actions of each graph."""
         shape = shape or self.shape_of(data)
-        return softmax(self.logits(data, shape), shape.act_batch, num_nodes=shape.graphs)
+        return segment_softmax(self.logits(data, shape), shape.act_batch, shape.graphs)
 
-    def log_probabilities(self, data: HeteroData) -> torch.Tensor:
+    def log_probabilities(self, data: GraphTensors) -> torch.Tensor:
         """``log`` of :meth:`forward`, computed stably (training's cross-entropy)."""
         shape = self.shape_of(data)
         logits = self.logits(data, shape)
         batch, graphs = shape.act_batch, shape.graphs
-        top = scatter(logits.detach(), batch, dim=0, dim_size=graphs, reduce="max")[batch]
+        top = segment_max(logits.detach(), batch, graphs)[batch]
         shifted = logits - top
-        norm = scatter(shifted.exp(), batch, dim=0, dim_size=graphs, reduce="sum")
+        norm = segment_sum(shifted.exp(), batch, graphs)
         return shifted - norm.log()[batch]
 
     def layout_logits(

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 import torch
-from torch_geometric.data import HeteroData
 
 from tagplan.gnn.features import StaticGraph, ablate, state_graph, static_graph
 from tagplan.gnn.layout_features import LayoutStatics
-from tagplan.gnn.model import GraphShape, PriorNet, to_hetero_data
+from tagplan.gnn.model import GraphShape, PriorNet
+from tagplan.gnn.tensors import GraphTensors, to_tensors
 from tagplan.planner.search.prior import LayoutQuery, PriorQuery, SearchContext
 
 __all__ = ["DEFAULT_UNIFORM_MIX", "GnnPrior"]
@@ -55,8 +55,8 @@ class GnnPrior:
             self._shape, self._layouts = None, None
         return self._static
 
-    def _graph(self, query: PriorQuery) -> HeteroData:
-        data = to_hetero_data(
+    def _graph(self, query: PriorQuery) -> GraphTensors:
+        data = to_tensors(
             ablate(state_graph(self._static_of(query.context), query), self.model.hyper["ablation"])
         )
         if self._shape is None:  # every state of a search has the static graph's edges

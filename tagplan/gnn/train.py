@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Batch
 
 from tagplan.gnn import load_prior
 from tagplan.gnn.checkpoint import save_checkpoint
 from tagplan.gnn.dataset import Case, Example, case_file, generate_case, load_case, save_case
 from tagplan.gnn.features import ablate
-from tagplan.gnn.model import DEFAULT_HYPER, PriorNet, to_hetero_data
+from tagplan.gnn.model import DEFAULT_HYPER, PriorNet
+from tagplan.gnn.tensors import batch_tensors, to_tensors
 from tagplan.planner.errors import InvalidInput
 
 __all__ = [
@@ -180,7 +180,7 @@ def _batches(examples: Sequence[Example], size: int, rng: np.random.Generator | 
     order = np.arange(len(examples)) if rng is None else rng.permutation(len(examples))
     for start in range(0, len(order), size):
         chunk = [examples[i] for i in order[start : start + size]]
-        yield Batch.from_data_list([to_hetero_data(e.graph, e.target) for e in chunk])
+        yield batch_tensors([to_tensors(e.graph, e.target) for e in chunk])
 
 
 def evaluate_fit(model: PriorNet, examples: Sequence[Example]) -> dict[str, float]:

@@ -44,7 +44,8 @@ from tagplan.gnn.dataset import (
 )
 from tagplan.gnn.features import StateGraph, ablate, state_graph, static_graph
 from tagplan.gnn.layout_features import LayoutStatics
-from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.gnn.model import PriorNet
+from tagplan.gnn.tensors import to_tensors
 from tagplan.gnn.train import (
     TrainOptions,
     cases_for,
@@ -180,7 +181,7 @@ def _embeddings(model: PriorNet, cases: Sequence[LayoutCase]) -> list[dict[str, 
     out = []
     with torch.inference_mode():
         for case in cases:
-            data = to_hetero_data(ablate(case.root, model.hyper["ablation"]))
+            data = to_tensors(ablate(case.root, model.hyper["ablation"]))
             out.append(model.encode(data, model.shape_of(data)))
     return out
 

@@ -17,7 +17,8 @@ from tagplan.gnn.checkpoint import (
     state_digest,
 )
 from tagplan.gnn.features import SCHEMA_VERSION, state_graph, static_graph
-from tagplan.gnn.model import PriorNet, to_hetero_data
+from tagplan.gnn.model import PriorNet
+from tagplan.gnn.tensors import to_tensors
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def test_a_checkpoint_round_trips(saved, searched) -> None:
     assert meta["format"] == FORMAT and meta["schema"]["version"] == SCHEMA_VERSION
     assert meta["training"] == {"note": "test"} and meta["hyper"]["hidden"] == 16
     query = next(q for q, _ in searched.visit_targets(1))
-    data = to_hetero_data(state_graph(static_graph(searched.context), query))
+    data = to_tensors(state_graph(static_graph(searched.context), query))
     assert torch.equal(model.eval()(data), loaded(data))
     assert load_prior(path.read_bytes()).name == prior_name(digest)
     assert (path.with_suffix(".json")).exists()  # described without torch

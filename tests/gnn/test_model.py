@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch_geometric.data import Batch
 
 from tagplan.gnn.features import (
     DEV_FEATURES,
@@ -15,8 +14,9 @@ from tagplan.gnn.features import (
     state_graph,
     static_graph,
 )
-from tagplan.gnn.model import PriorNet, _device_sets, to_hetero_data
+from tagplan.gnn.model import PriorNet, _device_sets
 from tagplan.gnn.prior import GnnPrior
+from tagplan.gnn.tensors import batch_tensors, to_tensors
 from tagplan.planner.search.prior import PriorQuery
 
 
@@ -33,16 +33,16 @@ def _queries(search) -> list[PriorQuery]:
 def test_one_probability_per_candidate_action(searched, net) -> None:
     static = static_graph(searched.context)
     for query in _queries(searched)[:5]:
-        p = net(to_hetero_data(state_graph(static, query))).detach().numpy()
+        p = net(to_tensors(state_graph(static, query))).detach().numpy()
         assert p.shape == (len(searched.space.actions),)
         assert (p > 0).all() and p.sum() == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_batch_scores_each_state_as_alone(searched, net) -> None:
     static = static_graph(searched.context)
-    graphs = [to_hetero_data(state_graph(static, q)) for q in _queries(searched)[:4]]
+    graphs = [to_tensors(state_graph(static, q)) for q in _queries(searched)[:4]]
     alone = [net(g).detach() for g in graphs]
-    batch = Batch.from_data_list(graphs)
+    batch = batch_tensors(graphs)
     together = net(batch).detach()
     act_batch = batch["act"].batch
     for i, p in enumerate(alone):
@@ -55,8 +55,8 @@ def test_the_decisions_change_the_prior(searched, net) -> None:
     """The state matters: two vertices of one search get different priors."""
     static = static_graph(searched.context)
     queries = sorted(_queries(searched), key=lambda q: q.level)
-    first = net(to_hetero_data(state_graph(static, queries[0]))).detach()
-    last = net(to_hetero_data(state_graph(static, queries[-1]))).detach()
+    first = net(to_tensors(state_graph(static, queries[0]))).detach()
+    last = net(to_tensors(state_graph(static, queries[-1]))).detach()
     assert not torch.allclose(first, last)
 
 
@@ -80,7 +80,7 @@ def test_the_shape_a_prior_keeps_scores_every_state_as_a_fresh_pass(searched, ne
     static = static_graph(searched.context)
     queries = sorted(_queries(searched), key=lambda q: -q.level)
     for query in queries:
-        fresh = net(to_hetero_data(state_graph(static, query))).detach().double().numpy()
+        fresh = net(to_tensors(state_graph(static, query))).detach().double().numpy()
         np.testing.assert_allclose(prior.probabilities(query), fresh / fresh.sum(), atol=1e-6)
     assert prior._shape is not None and prior._shape.num_sets < len(searched.space.actions)
 
@@ -109,7 +109,7 @@ def test_ablations_remove_what_they_name(searched) -> None:
         assert (index.shape[1] == 0) == ("dev" in (src, dst))
     torch.manual_seed(0)
     net = PriorNet(hidden=16, heads=2, layers=1, ablation="no-device-graph").eval()
-    p = net(to_hetero_data(alone)).detach()
+    p = net(to_tensors(alone)).detach()
     assert p.shape == (len(searched.space),) and float(p.sum()) == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(ValueError, match="unknown ablation"):
         ablate(graph, "no-ops")
