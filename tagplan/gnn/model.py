@@ -6,8 +6,8 @@ graph, and a decoder that scores each candidate action of the op group being dec
   type (its own weights: TAG's per-edge-type γ) that reads the edge's features; messages
   of the edge types arriving at a node are summed, added to the node's state (a residual)
   and layer-normalized. The round is computed over all edge types at once
-  (:mod:`.hetero_attention`: PyG's ``HeteroConv`` of ``GATv2Conv`` modules, the same
-  parameters under the same names, a fraction of the per-expansion time).
+  (:mod:`.hetero_attention`: what PyG's ``HeteroConv`` of ``GATv2Conv`` modules computes,
+  over parameters named as theirs, in a fraction of the per-expansion time).
 * The decoder reads, for each action, its own features, the mean and the max of the
   embeddings of the device groups it uses, the embedding of the op group being decided
   and the mean op-group embedding of its graph, and gives one logit; a softmax over the
