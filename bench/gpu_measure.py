@@ -25,9 +25,9 @@ kernels of a few microseconds that includes PyTorch's launch from Python.
 The output also holds whole training steps of the torchvision networks that match the
 zoo's CNNs (SGD, batch 96, both modes), run eagerly and replayed from a CUDA graph (the
 same kernels with no launch from Python between them, as TensorFlow's executor launches
-from C++), and the GPU's achieved peaks (a large matrix
-product per mode, a device-to-device copy). It is written after every section, so a run
-stopped early keeps what it measured.
+from C++), and the GPU's achieved peaks (a large matrix product per mode, a
+device-to-device copy). It is written after every section, so a run stopped early keeps
+what it measured.
 """
 
 from __future__ import annotations

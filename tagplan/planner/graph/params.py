@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -169,11 +172,14 @@ def variable_reads(graph: ParsedGraph) -> dict[int, list[int]]:
     return reads
 
 
-def _input_positions(op_type: str) -> dict[str, int] | None:
+@cache
+def _input_positions(op_type: str) -> Mapping[str, int] | None:
+    """Each input argument's position in ``op_type``'s inputs (None for an unknown op or
+    one with variable-length inputs); asked for every node, so kept per op type."""
     op_def = op_registry().get(op_type)
     if op_def is None or any(a.number_attr or a.type_list_attr for a in op_def.input_arg):
         return None
-    return {arg.name: position for position, arg in enumerate(op_def.input_arg)}
+    return MappingProxyType({arg.name: position for position, arg in enumerate(op_def.input_arg)})
 
 
 def _gradient_argument(op_type: str) -> str | None:
@@ -193,15 +199,15 @@ def batch_dependence(
     Over data edges only, or also over control edges: a variable read ordered after a
     batch-dependent write sees the batch through the variable's state.
     """
-    depends = np.zeros(graph.num_nodes, dtype=bool)
-    depends[batch_inputs] = True
+    depends = [False] * graph.num_nodes  # a list: read element by element below
+    for node in batch_inputs:
+        depends[node] = True
     for node in graph.topo_order.tolist():
         if not depends[node]:
-            preds = [p for p, _ in graph.data_inputs[node]]
-            if through_control:
-                preds += graph.control_inputs[node]
-            depends[node] = bool(depends[preds].any()) if preds else False
-    return depends
+            depends[node] = any(depends[p] for p, _ in graph.data_inputs[node]) or (
+                through_control and any(depends[p] for p in graph.control_inputs[node])
+            )
+    return np.array(depends, dtype=bool)
 
 
 # Training-mode batch norm reads its running mean and variance (inputs 3 and 4) only to
