@@ -57,7 +57,7 @@ def one_plan(model: str, cluster: str, budget_s: float) -> dict:
     done = subprocess.run(command, capture_output=True, text=True)
     wall_s = time.perf_counter() - started
     if done.returncode:
-        raise SystemExit(f"{model} on {cluster}: {done.stderr.strip()}")
+        raise SystemExit(f"{model} on {cluster}: {done.stderr.strip().splitlines()[-1]}")
     result = json.loads(done.stdout)
     return {
         "wall_s": wall_s,
