@@ -6,12 +6,12 @@ zoo's batch with each ``--budgets`` budget, the uniform prior and the convergenc
 off (the iterations the budget allows), without the distributed GraphDef (whose compile
 alone takes seconds on 64 GPUs: see *GraphDef compile at scale*), once evaluating per GPU
 and once by class: iterations, the strategies simulated (an iteration that reaches one
-simulated before costs a look-up), the search's seconds, the plan time and the plan's
-step. Each plan runs in a process of its own, so none finds what an earlier one left in
-memory.
+simulated before costs a look-up), by class those ruled out by their step bound, the
+search's seconds, the plan time and the plan's step. Each plan runs in a process of
+its own, so none finds what an earlier one left in memory.
 
 ``--json`` writes the rows for a later run of other code to print beside its own
-(``--before``: its iterations by class and step).
+(``--before``: its iterations and evaluations by class and step).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ result = plan(ir, load_cluster(cluster), options=options)
 print(json.dumps({
     "iterations": result.iterations,
     "evaluations": result.evaluations,
+    "bounded": getattr(result, "bounded", 0),
     "search_s": result.phases["search"]["seconds"],
     "plan_s": result.plan_time_s,
     "step_ms": result.step_time_s * 1e3,
@@ -65,10 +66,11 @@ def one_plan(model: str, cluster: str, budget_s: float, by_class: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _cells(figures: dict) -> list[str]:
+def _cells(figures: dict, bounded: bool = False) -> list[str]:
     return [
         str(figures["iterations"]),
         str(figures["evaluations"]),
+        *([str(figures.get("bounded", 0))] if bounded else []),
         f"{figures['search_s']:.1f}",
         f"{figures['plan_s']:.1f}",
         f"{figures['step_ms']:,.1f}",
@@ -85,11 +87,15 @@ def main() -> None:
     before, label = rows_before(args), args.before_label
     lines = [
         "| model | cluster | budget (s) | per GPU: iterations | evaluations | search (s) "
-        "| plan time (s) | step (ms) | by class: iterations | evaluations | search (s) "
-        "| plan time (s) | step (ms) |"
-        + (f" {label}: iterations by class | {label}: step (ms) |" if before else ""),
+        "| plan time (s) | step (ms) | by class: iterations | evaluations | ruled out "
+        "| search (s) | plan time (s) | step (ms) |"
+        + (
+            f" {label}: iterations by class | {label}: evaluations | {label}: step (ms) |"
+            if before
+            else ""
+        ),
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |" + (" ---: | ---: |" if before else ""),
+        "| ---: | ---: |" + (" ---: | ---: | ---: |" if before else ""),
     ]
     rows = []
     for model in args.models:
@@ -99,14 +105,24 @@ def main() -> None:
                 by_class = one_plan(model, cluster, budget_s, by_class=True)
                 case = f"{model} {cluster} {budget_s:g}"
                 rows.append({"case": case, "per_gpu": per_gpu, "by_class": by_class})
-                cells = [model, cluster, f"{budget_s:g}", *_cells(per_gpu), *_cells(by_class)]
+                cells = [
+                    model,
+                    cluster,
+                    f"{budget_s:g}",
+                    *_cells(per_gpu),
+                    *_cells(by_class, bounded=True),
+                ]
                 old = before.get(case)
                 if before:
                     old_class = old["by_class"] if old else None
                     cells += (
-                        [str(old_class["iterations"]), f"{old_class['step_ms']:,.1f}"]
+                        [
+                            str(old_class["iterations"]),
+                            str(old_class["evaluations"]),
+                            f"{old_class['step_ms']:,.1f}",
+                        ]
                         if old_class
-                        else ["—", "—"]
+                        else ["—", "—", "—"]
                     )
                 lines.append("| " + " | ".join(cells) + " |")
                 print(lines[-1], flush=True)
@@ -120,7 +136,9 @@ def main() -> None:
         "distributed GraphDef, each plan in a process of its own; *search (s)*: the search "
         "phase's seconds (the rest of the plan: the baselines before it, SFB and the final "
         "per-GPU simulation after it); *evaluations*: the strategies simulated (an "
-        "iteration that reaches one simulated before costs a look-up)." + before_note(args, before),
+        "iteration that reaches one simulated before costs a look-up); *ruled out*: "
+        "strategies not simulated because their step bound was no less than the best "
+        "step found (docs/design.md §7)." + before_note(args, before),
         lines,
     )
 

@@ -73,6 +73,7 @@ class PlanResult:
     prior: str = "uniform"
     comm_bound_s: float | None = None
     graphdef_deferred: bool = False
+    bounded: int = 0  # strategies the search did not simulate: their step bound lost
 
     def with_graphdef(self, graph_def: Any, ir: GraphIR, cluster: Cluster) -> PlanResult:
         """This result with its distributed GraphDef compiled over ``graph_def`` (the graph
@@ -150,6 +151,7 @@ class PlanResult:
             "prior": self.prior,
             "iterations": self.iterations,
             "evaluations": self.evaluations,
+            "bounded": self.bounded,
             "first_better_iteration": self.first_better_iteration,
             "peak_memory_bytes": self.peak_memory_bytes,
             "device_busy_fraction": {

@@ -15,7 +15,7 @@ from tagplan.planner import plan as plan_module
 from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.evaluate import Evaluator
-from tagplan.planner.plan import Planner, PlanOptions, plan
+from tagplan.planner.plan import _FINISH_EVALUATIONS, Planner, PlanOptions, plan
 from tagplan.planner.search.mcts import StrategySearch
 from tagplan.planner.topology import load_cluster
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
@@ -171,7 +171,7 @@ def test_the_search_gets_the_time_of_a_timeline_over_a_tenth_of_the_budget() -> 
     planner.per_gpu_factor = 14.0  # a 7 s timeline: over 6 s, left to the time left over
     searched = planner.search_budget_s()
     assert searched - kept == pytest.approx(5.0, abs=0.1)
-    assert searched == pytest.approx(60.0 - 4 * 0.5, abs=0.1)
+    assert searched == pytest.approx(60.0 - _FINISH_EVALUATIONS * 0.5, abs=0.1)
 
 
 def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:

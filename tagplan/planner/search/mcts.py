@@ -36,7 +36,11 @@ than the best step that fits so far (none can win:
 closes its own.
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
-equal to the inherited one), and those cost a dictionary look-up. Search stops at an
+equal to the inherited one), and those cost a dictionary look-up. Once a strategy of
+TAG's decisions fits, a new one is simulated only if its step bound
+(:mod:`~tagplan.planner.step_bound`, a tenth or less of an evaluation) is below the best
+of theirs; otherwise it is scored by the bound, an upper bound on its reward, and counted
+in ``bounded`` rather than ``evaluations``. Search stops at an
 iteration or wall-clock budget (a strategy of TAG's decisions not simulated yet is not
 started when the mean of the tree's simulations so far would end it past the budget: one
 evaluation of a large allocation takes seconds), when ``cancel()`` returns true (then
@@ -135,6 +139,7 @@ class SearchOutcome:
     elapsed_s: float
     # "budget", "iterations", "converged", "exhausted", "target", "skipped"
     stop_reason: str = "budget"
+    bounded: int = 0  # strategies not simulated: their step bound could not win
 
     @property
     def strategy(self) -> Strategy:
@@ -184,6 +189,9 @@ class _Scored:
     overflow_bytes: int
     reward: float
     feedback: SimResult | None  # without per-task times: the cache holds many
+    # not simulated: its step bound is no less than the best step found (the step and
+    # reward are the bound's, a lower bound on the step and an upper bound on the reward)
+    bounded: bool = False
 
 
 _NO_TASKS = np.zeros(0)
@@ -276,6 +284,10 @@ class StrategySearch:
             [ir.op_names[o] for o in grouping.ops(g)] for g in range(grouping.num_groups)
         ]
         self._scores: dict[tuple[int, ...], _Scored] = {} if scores is None else scores
+        # strategies ruled out by their step bound, and every bound computed, by key: this
+        # tree's own (another tree sharing ``scores`` may have a slower best)
+        self._bounded: dict[tuple[int, ...], _Scored] = {}
+        self._bound_s: dict[tuple[int, ...], float] = {}
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
         self._simulations = 0  # TAG's strategies simulated
@@ -305,9 +317,13 @@ class StrategySearch:
         ]
         return Strategy(name=self.name, groups=groups)
 
-    def score(self, key: tuple[int, ...]) -> _Scored:
-        """Simulate the strategy of ``key`` once; later calls hit the cache."""
-        found = self._scores.get(key)
+    def score(self, key: tuple[int, ...], beat_s: float | None = None) -> _Scored:
+        """Simulate the strategy of ``key`` once; later calls hit the cache. With
+        ``beat_s``, the best step that fits so far, a strategy of TAG's decisions whose
+        step bound is no less is not simulated (:meth:`_ruled_out`)."""
+        found = self._scored(key)
+        if found is None and beat_s is not None:
+            found = self._ruled_out(key, beat_s)
         if found is None:
             started = time.perf_counter()
             found = self._scores[key] = self._simulate(key)
@@ -316,10 +332,37 @@ class StrategySearch:
                 self._simulation_s += time.perf_counter() - started
         return found
 
+    def _scored(self, key: tuple[int, ...]) -> _Scored | None:
+        """What is known of ``key``: its simulation, or the bound that ruled it out."""
+        found = self._scores.get(key)
+        return self._bounded.get(key) if found is None else found
+
+    def _ruled_out(self, key: tuple[int, ...], beat_s: float) -> _Scored | None:
+        """The score of a strategy of TAG's decisions whose step bound
+        (:meth:`~tagplan.planner.evaluate.Evaluator.step_bound_s`: compute, the bytes that
+        must reach each GPU and machine, the longest chain; about a tenth of an
+        evaluation) is at least ``beat_s``: it cannot be the plan, so it is not simulated.
+        Its reward is the bound's, an upper bound on what a simulation would give: the
+        tree treats it no worse than it is. ``None`` when the bound leaves it a chance."""
+        if is_pipelined_key(key):
+            return None
+        bound_s = self._bound_s.get(key)
+        if bound_s is None:
+            try:
+                bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
+            except PlannerError:
+                return None  # the simulation refuses it and says why
+            self._bound_s[key] = bound_s
+        if bound_s < beat_s:
+            return None
+        reward = self.reference_step_s / max(bound_s, 1e-12)
+        found = self._bounded[key] = _Scored(bound_s, False, 0, reward, None, bounded=True)
+        return found
+
     def _would_overrun(self, key: tuple[int, ...], deadline: float) -> bool:
         """Whether simulating ``key`` (of TAG's decisions, not simulated yet) for as long
         as the tree's simulations took on average would end past ``deadline``."""
-        if not self._simulations or key in self._scores or is_pipelined_key(key):
+        if not self._simulations or self._scored(key) is not None or is_pipelined_key(key):
             return False
         return time.perf_counter() + self._simulation_s / self._simulations > deadline
 
@@ -411,7 +454,7 @@ class StrategySearch:
         bound_s, cost_s = self.layouts.least(path[0] - 1, path[1:])
         if time.perf_counter() + cost_s > deadline:
             return True
-        best = None if best_key is None else self._scores[best_key]
+        best = None if best_key is None else self._scored(best_key)
         return best is not None and not best.oom and bound_s >= best.step_time_s
 
     def _pipelines_may_run(
@@ -419,7 +462,7 @@ class StrategySearch:
     ) -> bool:
         """Within the pipelines' share of the simulation time, or nothing of TAG's fits."""
         assert self.layouts is not None
-        if flat_best is None or self._scores[flat_best].oom:
+        if flat_best is None or self._scored(flat_best).oom:
             return True
         return self.layouts.may_simulate(spent_s[True], spent_s[False])
 
@@ -529,11 +572,16 @@ class StrategySearch:
                 if self._not_worth_simulating(decided, key, deadline, best_key):
                     self._close(path)
                     continue
-                if best_key is not None and self._would_overrun(key, deadline):
+                beat_s = self._beat_s(flat_best)
+                if (
+                    best_key is not None
+                    and self._would_overrun(key, deadline)
+                    and (beat_s is None or self._ruled_out(key, beat_s) is None)
+                ):
                     break
-                if self.layouts is not None and key not in self._scores:
+                if self.layouts is not None and self._scored(key) is None:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
-                scored = self.score(key)
+                scored = self.score(key, beat_s)
             if child is None and len(decided) < self._depth(decided):
                 vertex.children[action] = self._expand(tuple(decided), scored.feedback)
             for node, edge in path:
@@ -582,19 +630,26 @@ class StrategySearch:
             first_better_iteration=first_better,
             elapsed_s=time.perf_counter() - started,
             stop_reason=stop_reason,
+            bounded=len(self._bounded),
         )
 
     def _improves(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
         """``key`` is better than ``than`` by more than rounding: it fits where ``than``
         does not, overflows less, or steps faster by more than ``_IMPROVEMENT``."""
-        a, b = self._scores[key], self._scores[than]
+        a, b = self._scored(key), self._scored(than)
         if a.oom or b.oom:
             return (a.oom, a.overflow_bytes) < (b.oom, b.overflow_bytes)
         return a.step_time_s < b.step_time_s * (1 - _IMPROVEMENT)
 
     def _better(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
-        a, b = self._scores[key], self._scores[than]
+        a, b = self._scored(key), self._scored(than)
         return (a.oom, a.overflow_bytes, a.step_time_s) < (b.oom, b.overflow_bytes, b.step_time_s)
+
+    def _beat_s(self, flat_best: tuple[int, ...] | None) -> float | None:
+        """The step a strategy of TAG's decisions must beat to be simulated: the best of
+        theirs that fits (the bar their convergence is judged by), if any."""
+        best = None if flat_best is None else self._scored(flat_best)
+        return None if best is None or best.oom else best.step_time_s
 
     def _progress(self, done: int, best_key: tuple[int, ...], started: float) -> SearchProgress:
         best = self._scores[best_key]

@@ -1,0 +1,320 @@
+"""A lower bound on one strategy's simulated step, from its placement alone: what the
+search checks before it compiles and simulates a strategy (docs/design.md §7).
+
+The placement (:func:`~tagplan.planner.compile.placement.place`) says which GPU runs
+which rows of every op. Whatever the compiler then adds (transfers, hubs, collectives,
+auxiliary ops), the simulator (:mod:`~tagplan.planner.sim.engine`) runs a GPU's tasks one
+at a time, carries a link's bytes at no more than its bandwidth, and starts a task once
+its inputs are where it runs. So a step lasts at least as long as each of:
+
+* **compute**: the op instances' seconds on the busiest GPU (the task graph gives every
+  instance a compute task of the cost model's time at its rows);
+* **ports and downlinks**: the bytes that must *arrive* at a GPU, over its in-port, and
+  at a machine, over its downlink (module :mod:`~tagplan.planner.compile.links`: every
+  transfer to a GPU crosses its in-port, and one from another machine the receiver's
+  downlink). For each tensor and each GPU that reads it: the rows its readers there need
+  that no instance of the producer on that GPU holds (a tensor without the batch
+  dimension: all of it, unless an instance of its producer runs there); for a machine,
+  the rows no instance on that machine holds. A partial sum (a gradient over a share of
+  the batch) read by an op that is not split the same way needs the sum of every
+  instance's partial: all of its bytes, unless every partial is on the reader's GPU
+  (machine). A tensor is counted once per GPU and machine, at the reader that misses most
+  of it (a hub may bring it once and share it);
+* **the longest chain**: an op instance starts after the producers of its inputs have
+  finished and their bytes have crossed to it. An instance of a batch-split producer
+  holds only its own rows, so a reader waits for every instance whose rows it reads, and
+  a reader of a partial sum for every partial; of any other producer one instance may
+  serve it, the earliest. A transfer to a GPU from another takes at least its bytes over
+  the fastest path into that GPU and, from another machine, over the fastest network
+  path out of the sender's machine and into the reader's (the sum depends on every
+  element of the last partial, so a tensor's worth still leaves its GPU after it is
+  made).
+
+Gradients' collectives count as what their readers must receive at the least: the sum,
+once (an AllReduce's ring moves ``2(k-1)/k`` of it over every port, a parameter server
+receives every partial), so the bound never exceeds the step whatever the algorithm.
+Control dependencies and latencies are left out (they only add). Where the
+communication model uses a measured profile (which may be faster than the links'
+bandwidths), only compute and the chains without transfer times are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from tagplan.planner.compile.placement import Placement
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.graph.batch import Aggregation
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import Mode
+from tagplan.planner.topology import Cluster
+
+__all__ = ["StepBound", "StepBoundParts"]
+
+
+@dataclass(frozen=True)
+class StepBoundParts:
+    """The bound and its parts, in seconds."""
+
+    compute_s: float
+    ports_s: float
+    network_s: float
+    chain_s: float
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.compute_s, self.ports_s, self.network_s, self.chain_s)
+
+
+class StepBound:
+    """The bound of the module docstring for one graph and cluster (what does not depend
+    on the strategy is prepared once)."""
+
+    def __init__(self, ir: GraphIR, cluster: Cluster, costs: OpCostModel, comm: CommModel):
+        self.ir, self.cluster, self.costs = ir, cluster, costs
+        lengths = np.array([len(inputs) for inputs in ir.input_lists], dtype=np.int64)
+        self._input_ptr = np.zeros(ir.num_ops + 1, dtype=np.int64)
+        self._input_ptr[1:] = np.cumsum(lengths)
+        self._input_tensor = np.array(
+            [t for inputs in ir.input_lists for t in inputs], dtype=np.int64
+        )
+        self._producer = ir.tensor_producer.astype(np.int64)
+        self._batch = ir.tensor_batch_axis >= 0
+        self._summed = ~self._batch & (ir.tensor_aggregation == Aggregation.SUM)
+        self._bytes = ir.tensor_bytes.astype(np.float64)
+        self._row_bytes = np.where(self._batch, self._bytes / max(ir.batch_size, 1), 0.0)
+        self._consumer_ptr = ir.tensor_consumer_ptr.astype(np.int64)
+        self._consumer_op = ir.tensor_consumer_op.astype(np.int64)
+        self._links = comm.profile is None
+        paths = cluster.bandwidth_bytes_per_s.astype(np.float64).copy()
+        np.fill_diagonal(paths, 0.0)
+        self._fastest_in = paths.max(axis=0) if cluster.num_devices > 1 else np.ones(1)
+        # a link's busy time is its bytes over the larger of its bandwidth and the path's
+        port = cluster.machine_intra_bandwidth_bytes_per_s[cluster.device_machine]
+        self._port = np.maximum(port, self._fastest_in)
+        machine = cluster.device_machine
+        network = cluster.machine_bandwidth_bytes_per_s.astype(np.float64).copy()
+        np.fill_diagonal(network, 0.0)
+        into_machine = network.max(axis=0) if cluster.num_machines > 1 else np.ones(1)
+        self._downlink = np.maximum(
+            network.max(axis=1) if cluster.num_machines > 1 else np.ones(1), into_machine
+        )
+        self._machine = machine.astype(np.int64)
+        # the fastest any bytes go from one GPU to another: into the target and, between
+        # machines, out of the source's machine and into the target's
+        network_out = network.max(axis=1) if cluster.num_machines > 1 else np.ones(1)
+        between = np.minimum.outer(network_out[machine], into_machine[machine])
+        self._rate = np.where(
+            machine[:, None] == machine[None, :],
+            self._fastest_in[None, :],
+            np.minimum(between, self._fastest_in[None, :]),
+        )
+
+    def instance_seconds(self, placement: Placement) -> np.ndarray:
+        """Every op instance's compute seconds: the cost model's time of its op on its
+        GPU's type at its rows."""
+        op_of = np.repeat(np.arange(self.ir.num_ops), np.diff(placement.inst_ptr))
+        local = np.maximum(placement.inst_hi - placement.inst_lo, 1)
+        device_type = self.cluster.device_type[placement.inst_device]
+        return self.costs.instance_times(op_of, device_type, local).seconds
+
+    def compute_s(self, placement: Placement, seconds: np.ndarray | None = None) -> float:
+        """The busiest GPU's compute (any placement, pipelines' included)."""
+        if seconds is None:
+            seconds = self.instance_seconds(placement)
+        busy = np.bincount(
+            placement.inst_device, weights=seconds, minlength=self.cluster.num_devices
+        )
+        return float(busy.max(initial=0.0))
+
+    def parts(self, placement: Placement) -> StepBoundParts:
+        """The bound's parts for the placement of a strategy without a pipeline (each op
+        has at most one instance per GPU)."""
+        cluster = self.cluster
+        seconds = self.instance_seconds(placement)
+        compute_s = self.compute_s(placement, seconds)
+        chain_s, arriving, entering = _chains_and_arrivals(
+            placement.inst_ptr.astype(np.int64),
+            placement.inst_device.astype(np.int64),
+            placement.inst_lo.astype(np.int64),
+            placement.inst_hi.astype(np.int64),
+            (placement.op_mode == int(Mode.SPLIT)),
+            seconds.astype(np.float64),
+            self._input_ptr,
+            self._input_tensor,
+            self._producer,
+            self._batch,
+            self._summed,
+            self._bytes,
+            self._row_bytes,
+            self._consumer_ptr,
+            self._consumer_op,
+            self._machine,
+            self._rate,
+            cluster.num_machines,
+            self._links,
+        )
+        if not self._links:
+            return StepBoundParts(compute_s, 0.0, 0.0, chain_s)
+        return StepBoundParts(
+            compute_s=compute_s,
+            ports_s=float((arriving / self._port).max(initial=0.0)),
+            network_s=float((entering / self._downlink).max(initial=0.0)),
+            chain_s=chain_s,
+        )
+
+
+@njit(cache=True)
+def _chains_and_arrivals(
+    inst_ptr: np.ndarray,
+    inst_device: np.ndarray,
+    inst_lo: np.ndarray,
+    inst_hi: np.ndarray,
+    op_split: np.ndarray,
+    seconds: np.ndarray,
+    input_ptr: np.ndarray,
+    input_tensor: np.ndarray,
+    producer: np.ndarray,
+    batch: np.ndarray,
+    summed: np.ndarray,
+    tensor_bytes: np.ndarray,
+    row_bytes: np.ndarray,
+    consumer_ptr: np.ndarray,
+    consumer_op: np.ndarray,
+    machine: np.ndarray,
+    rate: np.ndarray,
+    num_machines: int,
+    links: bool,
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """The longest chain, and the bytes arriving at every GPU and machine (module
+    docstring). Instances of a batch-split op hold disjoint rows in ascending order."""
+    num_ops = len(inst_ptr) - 1
+    num_devices = len(rate)
+    finish = np.zeros(len(inst_device))
+    on_device = np.full(num_devices, -1, dtype=np.int64)  # the producer's instance there
+    widest = 0
+    for op in range(num_ops):
+        widest = max(widest, inst_ptr[op + 1] - inst_ptr[op])
+    ready = np.zeros(widest)
+    for op in range(num_ops):
+        c0, c1 = inst_ptr[op], inst_ptr[op + 1]
+        ready[: c1 - c0] = 0.0
+        for k in range(input_ptr[op], input_ptr[op + 1]):
+            t = input_tensor[k]
+            p = producer[t]
+            first, last = inst_ptr[p], inst_ptr[p + 1]
+            if first == last:
+                continue
+            if batch[t] and op_split[p]:  # wait for every instance with rows we read
+                for c in range(c0, c1):
+                    d, lo, hi = inst_device[c], inst_lo[c], inst_hi[c]
+                    start = first + np.searchsorted(inst_hi[first:last], lo, side="right")
+                    for j in range(start, last):
+                        if inst_lo[j] >= hi:
+                            break
+                        arrive = finish[j]
+                        if links and inst_device[j] != d:
+                            rows = min(hi, inst_hi[j]) - max(lo, inst_lo[j])
+                            arrive += rows * row_bytes[t] / rate[inst_device[j], d]
+                        ready[c - c0] = max(ready[c - c0], arrive)
+            elif summed[t] and op_split[p] and not op_split[op]:  # the sum of them all
+                for c in range(c0, c1):
+                    d = inst_device[c]
+                    for j in range(first, last):
+                        arrive = finish[j]
+                        if links and inst_device[j] != d:
+                            arrive += tensor_bytes[t] / rate[inst_device[j], d]
+                        ready[c - c0] = max(ready[c - c0], arrive)
+            else:  # the earliest instance that can serve us: its own GPU's, or any other's
+                earliest = np.inf
+                for j in range(first, last):
+                    on_device[inst_device[j]] = j
+                    earliest = min(earliest, finish[j])
+                for c in range(c0, c1):
+                    d = inst_device[c]
+                    soonest = earliest
+                    if links:
+                        need = (
+                            (inst_hi[c] - inst_lo[c]) * row_bytes[t]
+                            if batch[t]
+                            else tensor_bytes[t]
+                        )
+                        soonest += need / rate[d, d]
+                    if on_device[d] >= 0:
+                        soonest = min(soonest, finish[on_device[d]])
+                    ready[c - c0] = max(ready[c - c0], soonest)
+                for j in range(first, last):
+                    on_device[inst_device[j]] = -1
+        for c in range(c0, c1):
+            finish[c] = ready[c - c0] + seconds[c]
+    chain = finish.max() if len(finish) else 0.0
+    arriving = np.zeros(num_devices)
+    entering = np.zeros(num_machines)
+    if not links:
+        return chain, arriving, entering
+    device_need = np.zeros(num_devices)
+    machine_need = np.zeros(num_machines)
+    held_machine = np.zeros(num_machines, dtype=np.bool_)
+    for t in range(len(producer)):
+        p = producer[t]
+        first, last = inst_ptr[p], inst_ptr[p + 1]
+        if first == last or consumer_ptr[t] == consumer_ptr[t + 1]:
+            continue
+        split = batch[t] and op_split[p]
+        partials = summed[t] and op_split[p]
+        only_device, only_machine = inst_device[first], machine[inst_device[first]]
+        for j in range(first, last):
+            on_device[inst_device[j]] = j
+            held_machine[machine[inst_device[j]]] = True
+            if inst_device[j] != only_device:
+                only_device = -1
+            if machine[inst_device[j]] != only_machine:
+                only_machine = -1
+        for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
+            reader = consumer_op[k]
+            for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
+                d, lo, hi = inst_device[c], inst_lo[c], inst_hi[c]
+                m = machine[d]
+                if partials and not op_split[reader]:
+                    if only_device != d:
+                        device_need[d] = max(device_need[d], tensor_bytes[t])
+                    if only_machine != m:
+                        machine_need[m] = max(machine_need[m], tensor_bytes[t])
+                    continue
+                if not split:
+                    need = (hi - lo) * row_bytes[t] if batch[t] else tensor_bytes[t]
+                    if on_device[d] < 0:
+                        device_need[d] = max(device_need[d], need)
+                    if not held_machine[m]:
+                        machine_need[m] = max(machine_need[m], need)
+                    continue
+                here = 0  # rows held by the producer's instance on d
+                j = on_device[d]
+                if j >= 0:
+                    here = max(0, min(hi, inst_hi[j]) - max(lo, inst_lo[j]))
+                on_machine = 0  # rows held on d's machine
+                start = first + np.searchsorted(inst_hi[first:last], lo, side="right")
+                for j in range(start, last):
+                    if inst_lo[j] >= hi:
+                        break
+                    if machine[inst_device[j]] == m:
+                        on_machine += min(hi, inst_hi[j]) - max(lo, inst_lo[j])
+                device_need[d] = max(device_need[d], (hi - lo - here) * row_bytes[t])
+                machine_need[m] = max(machine_need[m], (hi - lo - on_machine) * row_bytes[t])
+        for j in range(first, last):
+            on_device[inst_device[j]] = -1
+            held_machine[machine[inst_device[j]]] = False
+        for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
+            reader = consumer_op[k]
+            for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
+                d = inst_device[c]
+                arriving[d] += device_need[d]
+                device_need[d] = 0.0
+                m = machine[d]
+                entering[m] += machine_need[m]
+                machine_need[m] = 0.0
+    return chain, arriving, entering

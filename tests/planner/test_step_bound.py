@@ -1,0 +1,123 @@
+"""The step bound of a placement (tagplan/planner/step_bound.py): never above the step the
+simulator gives, for every strategy kind of the compiler's tests and for strategies of
+the search's actions on zoo models and random clusters; its network part, under data
+parallelism over two machines, is every gradient's bytes once over the downlink; with a
+measured communication profile only compute and chains count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tagplan.planner.compile.placement import place
+from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.errors import InvalidInput, PlannerError
+from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.step_bound import StepBound, StepBoundParts
+from tagplan.planner.strategy import resolve
+from tagplan.planner.topology import load_cluster
+from tests.planner.compile.test_graphdef import LAYERS, STRATEGIES, committed, strategy, two_by_two
+from tests.planner.compile.test_pipeline import joined_stages
+from tests.planner.search.test_mcts import make_search
+
+
+def _parts(evaluator: Evaluator, candidate) -> StepBoundParts:
+    resolved = resolve(
+        candidate, evaluator.ir, evaluator.cluster, op_work=evaluator.costs.work.flops
+    )
+    return evaluator.step_bound.parts(place(evaluator.ir, resolved))
+
+
+@pytest.mark.parametrize("model", ["mlp", "small_cnn"])
+def test_every_strategy_kind_steps_no_faster_than_its_bound(model: str) -> None:
+    _, ir = committed(model)
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    binding = set()
+    for name in STRATEGIES:
+        candidate = strategy(name, ir, cluster, LAYERS[model])
+        if candidate.pipeline is not None:
+            with pytest.raises(InvalidInput, match="without a pipeline"):
+                evaluator.step_bound_s(candidate)
+            continue
+        parts = _parts(evaluator, candidate)
+        step_s = evaluator.evaluate(candidate, by_class=False).step_time_s
+        assert parts.step_time_s <= step_s * (1 + 1e-9), name
+        assert evaluator.step_bound_s(candidate) == parts.step_time_s
+        binding.add(
+            max(("compute", "ports", "network", "chain"), key=lambda p: getattr(parts, f"{p}_s"))
+        )
+    assert binding - {"compute"}, "no strategy was bound by anything but its compute"
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster"),
+    [
+        ("mlp", "random:3"),
+        ("small_cnn", "random:5"),
+        ("tiny_lstm", "testbed"),
+        ("wide_deep", "random:8"),
+        ("gnmt_small", "cloud"),
+        ("bert_small", "random:11"),
+    ],
+)
+def test_the_searchs_strategies_step_no_faster_than_their_bound(model: str, cluster: str) -> None:
+    """Strategies as the search builds them: a few actions mixed over the op groups."""
+    search = make_search(model, load_cluster(cluster))
+    evaluator, rng = search.evaluator, np.random.default_rng(7)
+    checked = 0
+    for _ in range(10):
+        mix = rng.choice(len(search.space), size=3)
+        key = tuple(int(a) for a in rng.choice(mix, size=search.grouping.num_groups))
+        candidate = search.strategy_of(key)
+        try:
+            step_s = evaluator.evaluate(candidate).step_time_s
+        except PlannerError:
+            continue
+        parts = _parts(evaluator, candidate)
+        assert parts.step_time_s <= step_s * (1 + 1e-9), key
+        checked += 1
+    assert checked >= 5
+
+
+def test_data_parallel_over_two_machines_receives_every_gradient_once_per_machine() -> None:
+    """DP-NCCL on two machines: every batch tensor stays on its GPU, and each machine
+    must receive the sum of the other machine's partial gradients: the network part is
+    the gradients' bytes over the 10 Gbps link, and the few scalars the first GPU's
+    unsplit ops hand the other machine (under 64 bytes)."""
+    _, ir = committed("small_cnn")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    parts = _parts(evaluator, baseline_strategy("dp-nccl", ir, cluster, evaluator.costs))
+    gradients = ir.parameters.gradient_tensor[ir.parameters.gradient_tensor >= 0]
+    link_bytes_per_s = 10e9 / 8
+    expected_s = float(ir.tensor_bytes[gradients].sum()) / link_bytes_per_s
+    assert expected_s <= parts.network_s <= expected_s + 64 / link_bytes_per_s
+    # inside a machine the other GPU's partials cross a 100 Gbps port
+    assert expected_s / 10 <= parts.ports_s <= (expected_s + 64 / link_bytes_per_s) / 10
+
+
+def test_a_measured_profile_leaves_the_links_out() -> None:
+    """A profile may price a copy faster than its link's bandwidth: the bound keeps only
+    compute and the chains without transfer times."""
+    _, ir = committed("small_cnn")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    candidate = baseline_strategy("dp-ps", ir, cluster, evaluator.costs)
+    placement = place(ir, resolve(candidate, ir, cluster, op_work=evaluator.costs.work.flops))
+    profiled = CommModel(cluster)
+    profiled.profile = object()  # any profile: the bound only asks whether there is one
+    without = StepBound(ir, cluster, evaluator.costs, profiled).parts(placement)
+    with_links = evaluator.step_bound.parts(placement)
+    assert without.ports_s == without.network_s == 0.0
+    assert without.compute_s == with_links.compute_s
+    assert without.chain_s <= with_links.chain_s
+    assert with_links.network_s > 0.0
+
+
+def test_the_bound_refuses_a_pipeline() -> None:
+    _, ir = committed("mlp")
+    evaluator = Evaluator(ir, two_by_two())
+    with pytest.raises(InvalidInput, match="without a pipeline"):
+        evaluator.step_bound_s(joined_stages(ir))
