@@ -90,24 +90,25 @@ class StepBound:
         self._consumer_ptr = ir.tensor_consumer_ptr.astype(np.int64)
         self._consumer_op = ir.tensor_consumer_op.astype(np.int64)
         self._links = comm.profile is None
+        # a link's busy time is its bytes over the larger of its bandwidth and the path's
+        # rate (compile/links.py); with one GPU or one machine nothing crosses them
         paths = cluster.bandwidth_bytes_per_s.astype(np.float64).copy()
         np.fill_diagonal(paths, 0.0)
-        self._fastest_in = paths.max(axis=0) if cluster.num_devices > 1 else np.ones(1)
-        # a link's busy time is its bytes over the larger of its bandwidth and the path's
+        single = np.full(1, np.inf)
+        self._fastest_in = paths.max(axis=0) if cluster.num_devices > 1 else single
         port = cluster.machine_intra_bandwidth_bytes_per_s[cluster.device_machine]
         self._port = np.maximum(port, self._fastest_in)
         machine = cluster.device_machine
         network = cluster.machine_bandwidth_bytes_per_s.astype(np.float64).copy()
         np.fill_diagonal(network, 0.0)
-        into_machine = network.max(axis=0) if cluster.num_machines > 1 else np.ones(1)
-        self._downlink = np.maximum(
-            network.max(axis=1) if cluster.num_machines > 1 else np.ones(1), into_machine
-        )
+        several = cluster.num_machines > 1
+        network_out = network.max(axis=1) if several else single
+        network_in = network.max(axis=0) if several else single
+        self._downlink = np.maximum(network_out, network_in)
         self._machine = machine.astype(np.int64)
         # the fastest any bytes go from one GPU to another: into the target and, between
         # machines, out of the source's machine and into the target's
-        network_out = network.max(axis=1) if cluster.num_machines > 1 else np.ones(1)
-        between = np.minimum.outer(network_out[machine], into_machine[machine])
+        between = np.minimum.outer(network_out[machine], network_in[machine])
         self._rate = np.where(
             machine[:, None] == machine[None, :],
             self._fastest_in[None, :],

@@ -40,10 +40,10 @@ equal to the inherited one), and those cost a dictionary look-up. Once a strateg
 TAG's decisions fits, a new one is simulated only if its step bound
 (:mod:`~tagplan.planner.step_bound`, a tenth or less of an evaluation) is below the best
 of theirs; otherwise it is scored by the bound, an upper bound on its reward, and counted
-in ``bounded`` rather than ``evaluations``. Search stops at an
-iteration or wall-clock budget (a strategy of TAG's decisions not simulated yet is not
-started when the mean of the tree's simulations so far would end it past the budget: one
-evaluation of a large allocation takes seconds), when ``cancel()`` returns true (then
+in ``bounded`` rather than ``evaluations``. Search stops at an iteration or wall-clock
+budget (a strategy of TAG's decisions not simulated yet is not started when the mean of
+the tree's simulations so far would end it past the budget: one evaluation of a large
+allocation takes seconds), when ``cancel()`` returns true (then
 :class:`~tagplan.planner.errors.Cancelled`), or once it has **converged**: with
 ``patience`` ``p``, when the best strategy found at iteration ``i`` has not been improved
 on for ``max(p, i)`` iterations. The window grows with the tree: a search that needed
@@ -317,13 +317,10 @@ class StrategySearch:
         ]
         return Strategy(name=self.name, groups=groups)
 
-    def score(self, key: tuple[int, ...], beat_s: float | None = None) -> _Scored:
-        """Simulate the strategy of ``key`` once; later calls hit the cache. With
-        ``beat_s``, the best step that fits so far, a strategy of TAG's decisions whose
-        step bound is no less is not simulated (:meth:`_ruled_out`)."""
+    def score(self, key: tuple[int, ...]) -> _Scored:
+        """Simulate the strategy of ``key`` once; later calls hit the cache (or what ruled
+        it out, :meth:`_ruled_out`)."""
         found = self._scored(key)
-        if found is None and beat_s is not None:
-            found = self._ruled_out(key, beat_s)
         if found is None:
             started = time.perf_counter()
             found = self._scores[key] = self._simulate(key)
@@ -362,7 +359,7 @@ class StrategySearch:
     def _would_overrun(self, key: tuple[int, ...], deadline: float) -> bool:
         """Whether simulating ``key`` (of TAG's decisions, not simulated yet) for as long
         as the tree's simulations took on average would end past ``deadline``."""
-        if not self._simulations or self._scored(key) is not None or is_pipelined_key(key):
+        if not self._simulations or is_pipelined_key(key):
             return False
         return time.perf_counter() + self._simulation_s / self._simulations > deadline
 
@@ -573,15 +570,14 @@ class StrategySearch:
                     self._close(path)
                     continue
                 beat_s = self._beat_s(flat_best)
-                if (
-                    best_key is not None
-                    and self._would_overrun(key, deadline)
-                    and (beat_s is None or self._ruled_out(key, beat_s) is None)
-                ):
+                known = self._scored(key)
+                if known is None and beat_s is not None:
+                    known = self._ruled_out(key, beat_s)
+                if known is None and best_key is not None and self._would_overrun(key, deadline):
                     break
-                if self.layouts is not None and self._scored(key) is None:
+                if self.layouts is not None and known is None:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
-                scored = self.score(key, beat_s)
+                scored = known or self.score(key)
             if child is None and len(decided) < self._depth(decided):
                 vertex.children[action] = self._expand(tuple(decided), scored.feedback)
             for node, edge in path:
