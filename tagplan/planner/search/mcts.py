@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -197,6 +198,41 @@ class _Scored:
 _NO_TASKS = np.zeros(0)
 
 
+class _BoundPayoff:
+    """Whether a strategy's step bound is worth computing: the chance that it rules the
+    strategy out (over the last :attr:`WINDOW` bounds, Laplace-smoothed) times a
+    simulation's mean time, against the bound's own mean time (on 64 GPUs a bound costs
+    a tenth to a third of an evaluation, and where the best is hard to beat it seldom
+    rules anything out). Every :attr:`RETRY`-th strategy it would skip is bounded anyway,
+    so a search whose best has improved finds out when bounds pay again. Only a search
+    bounded by time alone weighs it: the times differ from run to run, and a seed and an
+    iteration budget give the same search every time."""
+
+    WINDOW = 16
+    RETRY = 8
+
+    def __init__(self) -> None:
+        self.outcomes: deque[bool] = deque(maxlen=self.WINDOW)
+        self.seconds = 0.0
+        self.bounds = 0
+        self.skipped = 0
+
+    def worth(self, simulation_s: float) -> bool:
+        """Whether to bound a strategy whose simulation would take ``simulation_s``."""
+        if not self.bounds:
+            return True
+        chance = (sum(self.outcomes) + 1) / (len(self.outcomes) + 2)
+        if chance * simulation_s >= self.seconds / self.bounds:
+            return True
+        self.skipped += 1
+        return self.skipped % self.RETRY == 0
+
+    def record(self, ruled_out: bool, seconds: float) -> None:
+        self.outcomes.append(ruled_out)
+        self.seconds += seconds
+        self.bounds += 1
+
+
 class _Vertex:
     """Edge statistics of one expanded vertex: visits N, reward sums W, the best reward
     below each edge, prior G, and the edges closed (not worth simulating). ``by_best``:
@@ -288,6 +324,8 @@ class StrategySearch:
         # tree's own (another tree sharing ``scores`` may have a slower best)
         self._bounded: dict[tuple[int, ...], _Scored] = {}
         self._bound_s: dict[tuple[int, ...], float] = {}
+        self._payoff = _BoundPayoff()
+        self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
         self._simulations = 0  # TAG's strategies simulated
@@ -345,11 +383,16 @@ class StrategySearch:
             return None
         bound_s = self._bound_s.get(key)
         if bound_s is None:
+            mean_s = self._simulation_s / self._simulations if self._simulations else 0.0
+            if self._timed and not self._payoff.worth(mean_s):
+                return None
+            started = time.perf_counter()
             try:
                 bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
             except PlannerError:
                 return None  # the simulation refuses it and says why
             self._bound_s[key] = bound_s
+            self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
         if bound_s < beat_s:
             return None
         reward = self.reference_step_s / max(bound_s, 1e-12)
@@ -524,6 +567,7 @@ class StrategySearch:
             )
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
+        self._timed = iterations is None  # an iteration budget gives the same search
         root = self._root = self._expand((), None)
         if self.layouts is not None:  # TAG's decisions start as a tree without layouts does
             root.children[0] = self._expand((0,), None)

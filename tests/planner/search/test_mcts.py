@@ -18,6 +18,7 @@ from tagplan.planner.search.grouping import group_ops
 from tagplan.planner.search.mcts import (
     SearchOutcome,
     StrategySearch,
+    _BoundPayoff,
     _Vertex,
     best_outcome,
     make_feasible,
@@ -216,6 +217,21 @@ def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
         assert simulated.oom or simulated.step_time_s >= best_s * (1 - 1e-9)
         assert scored.reward == pytest.approx(search.reference_step_s / scored.step_time_s)
         assert scored.step_time_s >= best_s
+
+
+def test_a_bound_that_seldom_rules_out_is_computed_only_now_and_then() -> None:
+    """A bound of 0.1 s that ruled nothing out in 16 tries (chance 1/18) is not worth it
+    against a 1 s simulation, only every eighth time; worth it against 2 s; and again
+    once it rules strategies out."""
+    payoff = _BoundPayoff()
+    assert payoff.worth(1.0)
+    for _ in range(16):
+        payoff.record(False, 0.1)
+    assert [payoff.worth(1.0) for _ in range(16)] == ([False] * 7 + [True]) * 2
+    assert payoff.worth(2.0)
+    for _ in range(4):
+        payoff.record(True, 0.1)
+    assert payoff.worth(1.0)  # chance 5/18
 
 
 def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
