@@ -203,10 +203,11 @@ class _BoundPayoff:
     strategy out (over the last :attr:`WINDOW` bounds, Laplace-smoothed) times a
     simulation's mean time, against the bound's own mean time (on 64 GPUs a bound costs
     a tenth to a third of an evaluation, and where the best is hard to beat it seldom
-    rules anything out). Every :attr:`RETRY`-th strategy it would skip is bounded anyway,
-    so a search whose best has improved finds out when bounds pay again. Only a search
-    bounded by time alone weighs it: the times differ from run to run, and a seed and an
-    iteration budget give the same search every time."""
+    rules anything out). Each bound is judged against the best step of its time, so a
+    new best forgets the outcomes (:meth:`forget`), and every :attr:`RETRY`-th strategy
+    it would skip is bounded anyway. Only a search bounded by time alone weighs it: the
+    times differ from run to run, and a seed and an iteration budget give the same
+    search every time."""
 
     WINDOW = 16
     RETRY = 8
@@ -226,6 +227,9 @@ class _BoundPayoff:
             return True
         self.skipped += 1
         return self.skipped % self.RETRY == 0
+
+    def forget(self) -> None:
+        self.outcomes.clear()
 
     def record(self, ruled_out: bool, seconds: float) -> None:
         self.outcomes.append(ruled_out)
@@ -635,6 +639,7 @@ class StrategySearch:
                 flat_done += 1
                 if flat_best is None or self._improves(key, flat_best):
                     improved_at = flat_done
+                    self._payoff.forget()
                 if flat_best is None or self._better(key, flat_best):
                     flat_best = key
             if best_key is None or self._better(key, best_key):

@@ -222,7 +222,7 @@ def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
 def test_a_bound_that_seldom_rules_out_is_computed_only_now_and_then() -> None:
     """A bound of 0.1 s that ruled nothing out in 16 tries (chance 1/18) is not worth it
     against a 1 s simulation, only every eighth time; worth it against 2 s; and again
-    once it rules strategies out."""
+    once it rules strategies out, or once a new best makes it forget."""
     payoff = _BoundPayoff()
     assert payoff.worth(1.0)
     for _ in range(16):
@@ -232,6 +232,11 @@ def test_a_bound_that_seldom_rules_out_is_computed_only_now_and_then() -> None:
     for _ in range(4):
         payoff.record(True, 0.1)
     assert payoff.worth(1.0)  # chance 5/18
+    for _ in range(16):
+        payoff.record(False, 0.1)
+    assert not payoff.worth(1.0)
+    payoff.forget()  # a new best: chance 1/2 again
+    assert payoff.worth(1.0)
 
 
 def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
