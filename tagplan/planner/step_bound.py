@@ -16,10 +16,14 @@ its inputs are where it runs. So a step lasts at least as long as each of:
   that no instance of the producer on that GPU holds (a tensor without the batch
   dimension: all of it, unless an instance of its producer runs there); for a machine,
   the rows no instance on that machine holds. A partial sum (a gradient over a share of
-  the batch) read by an op that is not split the same way needs the sum of every
-  instance's partial: all of its bytes, unless every partial is on the reader's GPU
-  (machine). A tensor is counted once per GPU and machine, at the reader that misses most
-  of it (a hub may bring it once and share it);
+  the batch) read by an op that is not split the same way needs every instance's
+  partial: where the reader runs beside every partial (mirrored updates: one AllReduce),
+  the sum's bytes once, unless every partial is on the reader's GPU (machine); elsewhere
+  (a parameter server's update, a reader in another op group) the compiler sends it
+  every other GPU's partial to add up
+  (:meth:`~tagplan.planner.compile.transport.TransportRules._reduce`), each of them. A
+  tensor is counted once per GPU and machine, at the reader that misses most of it (a
+  hub may bring it once and share it);
 * **the longest chain**: an op instance starts after the producers of its inputs have
   finished and their bytes have crossed to it. An instance of a batch-split producer
   holds only its own rows, so a reader waits for every instance whose rows it reads, and
@@ -30,12 +34,11 @@ its inputs are where it runs. So a step lasts at least as long as each of:
   element of the last partial, so a tensor's worth still leaves its GPU after it is
   made).
 
-Gradients' collectives count as what their readers must receive at the least: the sum,
-once (an AllReduce's ring moves ``2(k-1)/k`` of it over every port, a parameter server
-receives every partial), so the bound never exceeds the step whatever the algorithm.
-Control dependencies and latencies are left out (they only add). Where the
-communication model uses a measured profile (which may be faster than the links'
-bandwidths), only compute and the chains without transfer times are counted.
+An AllReduce counts as what each reader must receive at the least, the sum once (a
+ring moves ``2(k-1)/k`` of it over every port), so the bound stays below the step
+whatever the algorithm. Control dependencies and latencies are left out (they only
+add). Where the communication model uses a measured profile (which may be faster than
+the links' bandwidths), only compute and the chains without transfer times are counted.
 """
 
 from __future__ import annotations
@@ -260,6 +263,7 @@ def _chains_and_arrivals(
     device_need = np.zeros(num_devices)
     machine_need = np.zeros(num_machines)
     held_machine = np.zeros(num_machines, dtype=np.bool_)
+    reader_on = np.zeros(num_devices, dtype=np.bool_)
     for t in range(len(producer)):
         p = producer[t]
         first, last = inst_ptr[p], inst_ptr[p + 1]
@@ -277,14 +281,31 @@ def _chains_and_arrivals(
                 only_machine = -1
         for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
             reader = consumer_op[k]
+            mirrored = False  # the reader runs beside every partial: one AllReduce
+            if partials and not op_split[reader]:
+                for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
+                    reader_on[inst_device[c]] = True
+                mirrored = True
+                for j in range(first, last):
+                    mirrored = mirrored and reader_on[inst_device[j]]
+                for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
+                    reader_on[inst_device[c]] = False
             for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
                 d, lo, hi = inst_device[c], inst_lo[c], inst_hi[c]
                 m = machine[d]
                 if partials and not op_split[reader]:
-                    if only_device != d:
-                        device_need[d] = max(device_need[d], tensor_bytes[t])
-                    if only_machine != m:
-                        machine_need[m] = max(machine_need[m], tensor_bytes[t])
+                    if mirrored:  # the sum, once
+                        here = 0.0 if only_device == d else tensor_bytes[t]
+                        on_machine = 0.0 if only_machine == m else tensor_bytes[t]
+                    else:  # every other GPU's partial, added up where it is read
+                        here = on_machine = 0.0
+                        for j in range(first, last):
+                            if inst_device[j] != d:
+                                here += tensor_bytes[t]
+                            if machine[inst_device[j]] != m:
+                                on_machine += tensor_bytes[t]
+                    device_need[d] = max(device_need[d], here)
+                    machine_need[m] = max(machine_need[m], on_machine)
                     continue
                 if not split:
                     need = (hi - lo) * row_bytes[t] if batch[t] else tensor_bytes[t]
