@@ -111,7 +111,7 @@ class Evaluator:
         """A lower bound on the step of ``strategy``, one without a pipeline, that counts
         compute, the bytes that must reach each GPU and machine, and the longest chain of
         instances (:class:`~tagplan.planner.step_bound.StepBound`). Costs a placement and
-        a walk over the instances, a tenth or less of an evaluation; what the search checks
+        a walk over the instances, a tenth to a third of an evaluation; what the search checks
         before it simulates a strategy."""
         if strategy.pipeline is not None:
             raise InvalidInput("the step bound is for strategies without a pipeline")

@@ -894,10 +894,10 @@ class Planner:
             report.seconds = sum(o.elapsed_s for o in outcomes)
 
     def _contenders(self, best: SearchOutcome | None) -> list[tuple[str, Strategy]]:
-        """The search's strategy and the fastest baseline that fits, search first, and
-        with SFB on the fastest data-parallel baseline that fits if that is another one:
-        SFB rebuilds replicated gradients from factors, so it can win with SFB where
-        another baseline won without (TAG Table 5's setting); when nothing fits, the
+        """The search's strategy and the fastest baseline that fits, search first, and,
+        with SFB on, the fastest data-parallel baseline that fits when that is another
+        one: SFB rebuilds replicated gradients from factors, so such a baseline can win
+        with it where another won without (TAG Table 5's setting). When nothing fits, the
         search's (or, without a search, DP over every GPU's) made feasible by more model
         parallelism, and the memory-spreading baselines the budget skipped."""
         fitting = {name: b.step_time_s for name, b in self.baselines.items() if not b.oom}

@@ -15,7 +15,8 @@ Each iteration
    plan that fits, and less bad the closer it comes to fitting;
 3. **expands** the vertex by one level, asking the :class:`~.prior.Prior` for ``G``
    (above and below a stage layout, its :class:`~.prior.LayoutPrior` part, where it has
-   one);
+   one), with the reached strategy's runtime feedback (a strategy ruled out by its bound,
+   below, lends its parent's, or the best strategy's);
 4. **backs up** the reward along the path (N and the running mean Q).
 
 With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the root
@@ -38,7 +39,7 @@ closes its own.
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Once a strategy of
 TAG's decisions fits, a new one is simulated only if its step bound
-(:mod:`~tagplan.planner.step_bound`, a tenth or less of an evaluation) is below the best
+(:mod:`~tagplan.planner.step_bound`, a tenth to a third of an evaluation) is below the best
 of theirs; otherwise it is scored by the bound, an upper bound on its reward, and counted
 in ``bounded`` rather than ``evaluations``. Search stops at an iteration or wall-clock
 budget (a strategy of TAG's decisions not simulated yet is not started when the mean of
@@ -379,10 +380,12 @@ class StrategySearch:
     def _ruled_out(self, key: tuple[int, ...], beat_s: float) -> _Scored | None:
         """The score of a strategy of TAG's decisions whose step bound
         (:meth:`~tagplan.planner.evaluate.Evaluator.step_bound_s`: compute, the bytes that
-        must reach each GPU and machine, the longest chain; about a tenth of an
+        must reach each GPU and machine, the longest chain; a tenth to a third of an
         evaluation) is at least ``beat_s``: it cannot be the plan, so it is not simulated.
         Its reward is the bound's, an upper bound on what a simulation would give: the
-        tree treats it no worse than it is. ``None`` when the bound leaves it a chance."""
+        tree treats it no worse than it is. ``None`` when the bound leaves it a chance, or
+        when a search under a time budget finds bounds not worth computing
+        (:class:`_BoundPayoff`)."""
         if is_pipelined_key(key):
             return None
         bound_s = self._bound_s.get(key)
@@ -627,7 +630,10 @@ class StrategySearch:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
                 scored = known or self.score(key)
             if child is None and len(decided) < self._depth(decided):
-                vertex.children[action] = self._expand(tuple(decided), scored.feedback)
+                feedback = scored.feedback
+                if scored.bounded:
+                    feedback = self._stand_in_feedback(vertex, flat_best)
+                vertex.children[action] = self._expand(tuple(decided), feedback)
             for node, edge in path:
                 node.visits[edge] += 1
                 node.reward_sum[edge] += scored.reward
@@ -689,6 +695,17 @@ class StrategySearch:
     def _better(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:
         a, b = self._scored(key), self._scored(than)
         return (a.oom, a.overflow_bytes, a.step_time_s) < (b.oom, b.overflow_bytes, b.step_time_s)
+
+    def _stand_in_feedback(
+        self, parent: _Vertex, flat_best: tuple[int, ...] | None
+    ) -> SimResult | None:
+        """The runtime feedback a vertex whose strategy was ruled out is expanded with (the
+        prior's features describe a simulation): its parent's, else that of the best
+        strategy simulated so far, which ruled it out."""
+        if isinstance(parent.query, PriorQuery) and parent.query.feedback is not None:
+            return parent.query.feedback
+        best = None if flat_best is None else self._scored(flat_best)
+        return None if best is None else best.feedback
 
     def _beat_s(self, flat_best: tuple[int, ...] | None) -> float | None:
         """The step a strategy of TAG's decisions must beat to be simulated: the best of

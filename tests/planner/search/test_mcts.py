@@ -146,6 +146,9 @@ def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
     assert all(q.level == len(q.decided) for q in seen)
     # every iteration below the last level expands exactly one vertex
     assert len(seen) == 1 + outcome.iterations
+    # below the root each vertex gets a simulation's feedback: a strategy ruled out by its
+    # bound lends its parent's or the best strategy's
+    assert outcome.bounded > 0
     assert all(q.feedback is not None for q in seen[1:])
 
 
