@@ -61,7 +61,7 @@ def compile_command(
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         evaluator = Evaluator(ir, load_cluster(cluster))
         chosen = load_strategy_argument(strategy, evaluator)
-        resolved = resolve(chosen, ir, evaluator.cluster)
+        resolved = resolve(chosen, ir, evaluator.cluster, op_work=evaluator.costs.work.flops)
         names = _captured_names(graph)
         compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved, names)
     out.mkdir(parents=True, exist_ok=True)
