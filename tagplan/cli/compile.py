@@ -22,9 +22,8 @@ from tagplan.cli.common import (
 from tagplan.cli.simulate import load_strategy_argument
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluator, resolve_planned
 from tagplan.planner.graph.source import ZOO_PREFIX
-from tagplan.planner.strategy import resolve
 from tagplan.planner.topology import load_cluster
 
 DEFAULT_VERIFY_BATCH = 4
@@ -61,7 +60,7 @@ def compile_command(
         source, ir = analyze_source(graph, batch_size, loss=loss, batch_inputs=batch_input)
         evaluator = Evaluator(ir, load_cluster(cluster))
         chosen = load_strategy_argument(strategy, evaluator)
-        resolved = resolve(chosen, ir, evaluator.cluster, op_work=evaluator.costs.work.flops)
+        resolved = resolve_planned(chosen, ir, evaluator.cluster, work=evaluator.costs.work)
         names = _captured_names(graph)
         compiled = compile_graphdef(source.graph_def, ir, evaluator.cluster, resolved, names)
     out.mkdir(parents=True, exist_ok=True)

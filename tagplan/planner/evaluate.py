@@ -14,15 +14,29 @@ from tagplan.planner.compile.task_compiler import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.cost.work import GraphWork, graph_work
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.sim.simulate import SimResult, group_feedback, simulate, upward_rank
 from tagplan.planner.sim.taskgraph import TaskGraph
-from tagplan.planner.step_bound import StepBound
+from tagplan.planner.step_bound import StepBound, StepBoundParts
 from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
 from tagplan.planner.topology import Cluster
 
-__all__ = ["Evaluation", "Evaluator", "warm_up"]
+__all__ = ["Evaluation", "Evaluator", "resolve_planned", "warm_up"]
+
+
+def resolve_planned(
+    strategy: Strategy, ir: GraphIR, cluster: Cluster, *, work: GraphWork | None = None
+) -> ResolvedStrategy:
+    """:func:`~tagplan.planner.strategy.resolve` as the planner evaluates a strategy: the
+    default model-parallel split balanced by the ops' FLOPs (``work``, or
+    :func:`~tagplan.planner.cost.work.graph_work` of ``ir``). Whatever places or compiles a
+    planned strategy (a GraphDef after the answer, ``tagplan compile``, ``tagplan
+    verify``) resolves it so; resolved with every op weighing the same, a model-parallel
+    group would be split elsewhere than where it was evaluated."""
+    flops = (graph_work(ir) if work is None else work).flops
+    return resolve(strategy, ir, cluster, op_work=flops)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +84,7 @@ class Evaluator:
     def evaluate(self, strategy: Strategy, *, by_class: bool | None = None) -> Evaluation:
         """Resolve, compile and simulate ``strategy`` (``by_class`` overrides the
         evaluator's choice for this one)."""
-        resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
+        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
         classes = self.by_class if by_class is None else by_class
         compiled = self.compiler.compile(resolved, by_class=classes)
         graph = compiled.task_graph
@@ -102,7 +116,7 @@ class Evaluator:
         auxiliary ops only add. Costs a placement, not a compile; refuses a pipeline the
         graph cannot run as :meth:`evaluate` does
         (:class:`~tagplan.planner.errors.InvalidInput`)."""
-        resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
+        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
         placement = place(self.ir, resolved)
         phase_barriers(self.ir, resolved, placement)
         return self.step_bound.compute_s(placement)
@@ -113,10 +127,14 @@ class Evaluator:
         instances (:class:`~tagplan.planner.step_bound.StepBound`). Costs a placement and
         a walk over the instances, a tenth to a third of an evaluation; what the search checks
         before it simulates a strategy."""
+        return self.step_bound_parts(strategy).step_time_s
+
+    def step_bound_parts(self, strategy: Strategy) -> StepBoundParts:
+        """:meth:`step_bound_s` and what it is made of."""
         if strategy.pipeline is not None:
             raise InvalidInput("the step bound is for strategies without a pipeline")
-        resolved = resolve(strategy, self.ir, self.cluster, op_work=self.costs.work.flops)
-        return self.step_bound.parts(place(self.ir, resolved)).step_time_s
+        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
+        return self.step_bound.parts(place(self.ir, resolved))
 
 
 def _per_device(

@@ -501,8 +501,7 @@ def graphdef_step(settings: Settings, job_id: str, *, deadline: float = math.inf
     run by the garbage collector in the compile), and the step must still say it ran out
     of time."""
     from tagplan.planner.compile.graphdef import compile_graphdef
-    from tagplan.planner.cost.op_time import OpCostModel
-    from tagplan.planner.strategy import resolve
+    from tagplan.planner.evaluate import resolve_planned
 
     url = settings.sqlalchemy_url
     with session_scope(url) as session:
@@ -515,9 +514,7 @@ def graphdef_step(settings: Settings, job_id: str, *, deadline: float = math.inf
     if strategy is None:
         return
     inputs = load_inputs(settings, job_id)
-    # the planner's default model-parallel split, balanced by the ops' work, as evaluated
-    flops = OpCostModel(inputs.ir, inputs.cluster).work.flops
-    resolved = resolve(load_strategy(strategy), inputs.ir, inputs.cluster, op_work=flops)
+    resolved = resolve_planned(load_strategy(strategy), inputs.ir, inputs.cluster)
     compiled = compile_graphdef(inputs.graph_def, inputs.ir, inputs.cluster, resolved)
     if time.monotonic() > deadline:
         raise SoftTimeLimitExceeded()

@@ -259,6 +259,35 @@ def test_compile_writes_the_graph_and_device_map(tmp_path) -> None:
     assert any("/task:0/device:GPU:3" in d for d in devices)
 
 
+def test_compile_places_a_model_parallel_split_where_the_planner_evaluated_it(tmp_path) -> None:
+    """The default model-parallel split is balanced by the ops' FLOPs when the planner
+    evaluates a strategy; the compiled GraphDef puts every op where that evaluation did
+    (with every op weighing the same, some ops land on other GPUs)."""
+    from tagplan.planner.compile.graphdef import worker_device
+    from tagplan.planner.evaluate import Evaluator, resolve_planned
+    from tagplan.planner.graph.load import load_graph_def
+    from tagplan.planner.strategy import GroupDecision, Option, Strategy, resolve
+    from tagplan.planner.topology import load_cluster
+    from tests.planner.zoo_graphs import zoo_ir
+
+    ir, cluster = zoo_ir("mlp"), load_cluster("testbed")
+    strategy = Strategy(
+        name="split", default=GroupDecision(device_groups=[0, 1], option=Option.MODEL_PARALLEL)
+    )
+    evaluated = Evaluator(ir, cluster).evaluate(strategy).resolved
+    assert (resolve_planned(strategy, ir, cluster).op_device == evaluated.op_device).all()
+    assert (resolve(strategy, ir, cluster).op_device != evaluated.op_device).any()
+    path = tmp_path / "split.json"
+    path.write_text(strategy.to_json())
+    result = invoke("compile", "zoo:mlp", "-c", "testbed", "-s", str(path), "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    devices = {n.name: n.device for n in load_graph_def(tmp_path / "distributed.pb").node}
+    placed = list(zip(ir.op_names, evaluated.op_device.tolist(), strict=True))
+    assert sum(name in devices for name, _ in placed) == ir.num_ops
+    for name, device in placed:
+        assert devices[name] == worker_device(cluster, int(device)), name
+
+
 @pytest.mark.tf
 def test_verify_passes_for_data_parallelism_and_reports_json() -> None:
     result = invoke("verify", "zoo:mlp", "-c", "testbed", "-s", "dp-nccl", "--json")

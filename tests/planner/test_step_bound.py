@@ -12,21 +12,13 @@ import pytest
 from tagplan.planner.compile.placement import place
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.errors import InvalidInput, PlannerError
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluator, resolve_planned
 from tagplan.planner.search.baselines import baseline_strategy
-from tagplan.planner.step_bound import StepBound, StepBoundParts
-from tagplan.planner.strategy import resolve
+from tagplan.planner.step_bound import StepBound
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import LAYERS, STRATEGIES, committed, strategy, two_by_two
 from tests.planner.compile.test_pipeline import joined_stages
 from tests.planner.search.test_mcts import make_search
-
-
-def _parts(evaluator: Evaluator, candidate) -> StepBoundParts:
-    resolved = resolve(
-        candidate, evaluator.ir, evaluator.cluster, op_work=evaluator.costs.work.flops
-    )
-    return evaluator.step_bound.parts(place(evaluator.ir, resolved))
 
 
 @pytest.mark.parametrize("model", ["mlp", "small_cnn"])
@@ -41,7 +33,7 @@ def test_every_strategy_kind_steps_no_faster_than_its_bound(model: str) -> None:
             with pytest.raises(InvalidInput, match="without a pipeline"):
                 evaluator.step_bound_s(candidate)
             continue
-        parts = _parts(evaluator, candidate)
+        parts = evaluator.step_bound_parts(candidate)
         step_s = evaluator.evaluate(candidate, by_class=False).step_time_s
         assert parts.step_time_s <= step_s * (1 + 1e-9), name
         assert evaluator.step_bound_s(candidate) == parts.step_time_s
@@ -75,7 +67,7 @@ def test_the_searchs_strategies_step_no_faster_than_their_bound(model: str, clus
             step_s = evaluator.evaluate(candidate).step_time_s
         except PlannerError:
             continue
-        parts = _parts(evaluator, candidate)
+        parts = evaluator.step_bound_parts(candidate)
         assert parts.step_time_s <= step_s * (1 + 1e-9), key
         checked += 1
     assert checked >= 5
@@ -89,7 +81,7 @@ def test_data_parallel_over_two_machines_receives_every_gradient_once_per_machin
     _, ir = committed("small_cnn")
     cluster = two_by_two()
     evaluator = Evaluator(ir, cluster)
-    parts = _parts(evaluator, baseline_strategy("dp-nccl", ir, cluster, evaluator.costs))
+    parts = evaluator.step_bound_parts(baseline_strategy("dp-nccl", ir, cluster, evaluator.costs))
     gradients = ir.parameters.gradient_tensor[ir.parameters.gradient_tensor >= 0]
     link_bytes_per_s = 10e9 / 8
     expected_s = float(ir.tensor_bytes[gradients].sum()) / link_bytes_per_s
@@ -105,7 +97,7 @@ def test_a_measured_profile_leaves_the_links_out() -> None:
     cluster = two_by_two()
     evaluator = Evaluator(ir, cluster)
     candidate = baseline_strategy("dp-ps", ir, cluster, evaluator.costs)
-    placement = place(ir, resolve(candidate, ir, cluster, op_work=evaluator.costs.work.flops))
+    placement = place(ir, resolve_planned(candidate, ir, cluster))
     profiled = CommModel(cluster)
     profiled.profile = object()  # any profile: the bound only asks whether there is one
     without = StepBound(ir, cluster, evaluator.costs, profiled).parts(placement)

@@ -325,10 +325,9 @@ class StrategySearch:
             [ir.op_names[o] for o in grouping.ops(g)] for g in range(grouping.num_groups)
         ]
         self._scores: dict[tuple[int, ...], _Scored] = {} if scores is None else scores
-        # strategies ruled out by their step bound, and every bound computed, by key: this
-        # tree's own (another tree sharing ``scores`` may have a slower best)
+        # strategies ruled out by their step bound, by key: this tree's own (another tree
+        # sharing ``scores`` may have a slower best)
         self._bounded: dict[tuple[int, ...], _Scored] = {}
-        self._bound_s: dict[tuple[int, ...], float] = {}
         self._payoff = _BoundPayoff()
         self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
@@ -388,18 +387,15 @@ class StrategySearch:
         (:class:`_BoundPayoff`)."""
         if is_pipelined_key(key):
             return None
-        bound_s = self._bound_s.get(key)
-        if bound_s is None:
-            mean_s = self._simulation_s / self._simulations if self._simulations else 0.0
-            if self._timed and not self._payoff.worth(mean_s):
-                return None
-            started = time.perf_counter()
-            try:
-                bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
-            except PlannerError:
-                return None  # the simulation refuses it and says why
-            self._bound_s[key] = bound_s
-            self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
+        mean_s = self._simulation_s / self._simulations if self._simulations else 0.0
+        if self._timed and not self._payoff.worth(mean_s):
+            return None
+        started = time.perf_counter()
+        try:
+            bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
+        except PlannerError:
+            return None  # the simulation refuses it and says why
+        self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
         if bound_s < beat_s:
             return None
         reward = self.reference_step_s / max(bound_s, 1e-12)

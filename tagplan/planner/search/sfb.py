@@ -39,10 +39,10 @@ from tagplan.planner.compile.placement import batch_slices, place
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.evaluate import Evaluator, resolve_planned
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.strategy import Mode, Option, Strategy, resolve
+from tagplan.planner.strategy import Mode, Option, Strategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
@@ -244,7 +244,7 @@ def _synchronized_gradients(
     the synchronization puts it; so the ops that may join a gradient's subgraph are the
     other ops of replicated groups on the same GPUs.
     """
-    resolved = resolve(strategy, ir, cluster, op_work=costs.work.flops)
+    resolved = resolve_planned(strategy, ir, cluster, work=costs.work)
     placement = place(ir, resolved)
     replicated = np.array(
         [

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from tagplan.planner.compile.graphdef import DistributedGraph, compile_graphdef
-from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.evaluate import resolve_planned
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.strategy import Strategy, load_strategy, resolve
+from tagplan.planner.strategy import Strategy, load_strategy
 from tagplan.planner.topology import Cluster, load_cluster
 from tagplan.planner.verify.batchnorm import batch_norm_splits, running_copies
 from tagplan.planner.verify.compare import Tolerance, compare, largest_magnitude
@@ -337,13 +337,12 @@ def _verify_all(
         options.loss,
     )
     planned: list[tuple[DistributedGraph, str, tuple]] = []
-    flops = OpCostModel(original.ir, cluster).work.flops  # as the planner splits ops
     for index, item in enumerate(strategies):
         if isinstance(item, DistributedGraph):
             compiled, label = item, f"compiled graph {index}"
         else:
             strategy = item if isinstance(item, Strategy) else load_strategy(item)
-            resolved = resolve(strategy, original.ir, cluster, op_work=flops)
+            resolved = resolve_planned(strategy, original.ir, cluster)
             compiled = compile_graphdef(original.graph_def, original.ir, cluster, resolved)
             label = strategy.name or f"strategy {index}"
         splits = batch_norm_splits(original.ir, compiled.placement)
