@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from tagplan.cli import app
 from tagplan.planner.compile.graphdef import compile_graphdef
-from tagplan.planner.strategy import resolve
+from tagplan.planner.evaluate import resolve_planned
 from tagplan.planner.topology import load_cluster
 from tagplan.planner.verify.check import check_variable
 from tagplan.planner.verify.reference import load_original, load_tensorflow, run_reference
@@ -94,7 +94,7 @@ def write_plan(tmp_path: Path, model: str, name: str, cluster_name: str) -> tupl
     args = ["compile", f"zoo:{model}", "-c", str(cluster_file), "-s", str(strategy_file)]
     done = CliRunner().invoke(app, [*args, "-o", str(plan_dir)])
     assert done.exit_code == 0, done.output
-    compiled = compile_graphdef(graph_def, ir, cluster, resolve(chosen, ir, cluster))
+    compiled = compile_graphdef(graph_def, ir, cluster, resolve_planned(chosen, ir, cluster))
     written = json.loads((plan_dir / "device_map.json").read_text())
     assert written["graph_sha256"] == compiled.device_map["graph_sha256"]
     return plan_dir, compiled
