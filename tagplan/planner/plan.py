@@ -634,7 +634,15 @@ class Planner:
             seed=seed,
             shuffle_ties=seed != self.options.seed,
             layouts=self.layouts,
+            bar_s=self._bar_s(),
         )
+
+    def _bar_s(self) -> float | None:
+        """The best step that fits among the baselines scored before the search (those
+        simulated beside it are not waited for): the search simulates no strategy whose
+        step bound is no less (:class:`~.search.mcts.StrategySearch`)."""
+        best_s = _best_fitting_s(self._baselines.values())
+        return best_s if best_s < math.inf else None
 
     def _finish_reserve_s(self) -> float:
         """Seconds to keep for SFB, the last simulations and the distributed GraphDef."""

@@ -38,10 +38,11 @@ closes its own.
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
 equal to the inherited one), and those cost a dictionary look-up. Once a strategy of
-TAG's decisions fits, a new one is simulated only if its step bound
+TAG's decisions has been simulated, a new one is simulated only if its step bound
 (:mod:`~tagplan.planner.step_bound`, a tenth to a third of an evaluation) is below the best
-of theirs; otherwise it is scored by the bound, an upper bound on its reward, and counted
-in ``bounded`` rather than ``evaluations``. Search stops at an iteration or wall-clock
+of theirs that fits and the best found before the search (the baselines'); otherwise it
+is scored by the bound, an upper bound on its reward, and counted in ``bounded`` rather
+than ``evaluations``; it is never the search's best. Search stops at an iteration or wall-clock
 budget (a strategy of TAG's decisions not simulated yet is not started when the mean of
 the tree's simulations so far would end it past the budget: one evaluation of a large
 allocation takes seconds), when ``cancel()`` returns true (then
@@ -290,10 +291,12 @@ class StrategySearch:
     """MCTS for one graph on one cluster (module docstring).
 
     ``reference_step_s`` is the step time of the reference strategy (DP-NCCL) that
-    rewards are measured against. ``scores`` (a dict) lets searches over the same
-    evaluator, groups, actions and reference share what they simulated; their
-    ``evaluations`` then count the shared strategies. ``layouts`` puts pipelines in the
-    tree (module docstring).
+    rewards are measured against. ``bar_s``, the best step that fits found before the
+    search (the baselines'), rules out a strategy whose step bound is no less once the
+    tree has simulated its first (a plan answers the faster of the two). ``scores`` (a
+    dict) lets searches over the same evaluator, groups, actions and reference share what
+    they simulated; their ``evaluations`` then count the shared strategies. ``layouts``
+    puts pipelines in the tree (module docstring).
     """
 
     def __init__(
@@ -310,8 +313,10 @@ class StrategySearch:
         name: str = "tagplan",
         scores: dict | None = None,
         layouts: LayoutBranches | None = None,
+        bar_s: float | None = None,
     ) -> None:
         self.evaluator, self.grouping, self.space = evaluator, grouping, space
+        self.bar_s = bar_s
         self.layouts = layouts
         self.reference_step_s = reference_step_s
         self.prior = prior or UniformPrior()
@@ -637,17 +642,19 @@ class StrategySearch:
             if decided and len(decided) == self._depth(decided):
                 self._close(path)  # a whole strategy, simulated: visiting again tells nothing
             done += 1
+            simulated = not scored.bounded  # a bound is never the best: it only rules out
             if not is_pipelined_key(key):
                 flat_done += 1
-                if flat_best is None or self._improves(key, flat_best):
+                if simulated and (flat_best is None or self._improves(key, flat_best)):
                     improved_at = flat_done
                     self._payoff.forget()
-                if flat_best is None or self._better(key, flat_best):
+                if simulated and (flat_best is None or self._better(key, flat_best)):
                     flat_best = key
-            if best_key is None or self._better(key, best_key):
+            if simulated and (best_key is None or self._better(key, best_key)):
                 best_key = key
             if (
                 first_better is None
+                and simulated
                 and not scored.oom
                 and scored.step_time_s < self.reference_step_s
             ):
@@ -704,10 +711,16 @@ class StrategySearch:
         return None if best is None else best.feedback
 
     def _beat_s(self, flat_best: tuple[int, ...] | None) -> float | None:
-        """The step a strategy of TAG's decisions must beat to be simulated: the best of
-        theirs that fits (the bar their convergence is judged by), if any."""
-        best = None if flat_best is None else self._scored(flat_best)
-        return None if best is None or best.oom else best.step_time_s
+        """The step a strategy of TAG's decisions must beat to be simulated, once one of
+        theirs has been (the tree's first is simulated, so that its outcome has a best):
+        the faster of the best of theirs that fits (the bar their convergence is judged
+        by) and ``bar_s``."""
+        if flat_best is None:
+            return None
+        best = self._scores[flat_best]
+        bars = [best.step_time_s] if not best.oom else []
+        bars += [self.bar_s] if self.bar_s is not None else []
+        return min(bars, default=None)
 
     def _progress(self, done: int, best_key: tuple[int, ...], started: float) -> SearchProgress:
         best = self._scores[best_key]

@@ -222,6 +222,28 @@ def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
         assert scored.step_time_s >= best_s
 
 
+def test_a_bar_found_before_the_search_rules_out_what_cannot_beat_it() -> None:
+    """``bar_s`` (the baselines' best step) rules out, after the tree's first simulation,
+    every strategy whose bound is no less; a ruled-out strategy is never the best. A bar
+    nothing beats leaves the first strategy the only one simulated; the step a search
+    without a bar ends at rules out more, sooner, than that search's own best did."""
+    cluster = load_cluster("testbed")
+    unbeatable = make_search("small_cnn", cluster)
+    unbeatable.bar_s = 1e-9
+    outcome = unbeatable.run(iterations=40)
+    assert outcome.evaluations == 1 and outcome.actions in unbeatable._scores
+    assert outcome.iterations == 40 and outcome.bounded == len(unbeatable._bounded) > 0
+    plain = make_search("small_cnn", cluster)
+    plain_outcome = plain.run(iterations=40)
+    barred = make_search("small_cnn", cluster)
+    barred.bar_s = plain_outcome.step_time_s
+    barred_outcome = barred.run(iterations=40)
+    assert barred_outcome.bounded > plain_outcome.bounded
+    floor_s = min(barred.bar_s, barred_outcome.step_time_s)
+    assert all(s.step_time_s >= floor_s for s in barred._bounded.values())
+    assert barred_outcome.actions in barred._scores
+
+
 def test_a_bound_that_seldom_rules_out_is_computed_only_now_and_then() -> None:
     """A bound of 0.1 s that ruled nothing out in 16 tries (chance 1/18) is not worth it
     against a 1 s simulation, only every eighth time; worth it against 2 s; and again
