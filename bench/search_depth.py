@@ -138,7 +138,7 @@ def main() -> None:
         "per-GPU simulation after it); *evaluations*: the strategies simulated (an "
         "iteration that reaches one simulated before costs a look-up); *ruled out*: "
         "strategies not simulated because their step bound was no less than the best "
-        "step found (docs/design.md §7)." + before_note(args, before),
+        "step found or the best baseline's (docs/design.md §7)." + before_note(args, before),
         lines,
     )
 
