@@ -134,7 +134,8 @@ class Evaluator:
         if strategy.pipeline is not None:
             raise InvalidInput("the step bound is for strategies without a pipeline")
         resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
-        return self.step_bound.parts(place(self.ir, resolved))
+        sfb = bool(resolved.sfb_parameters.size)  # gradients broadcast, not AllReduced
+        return self.step_bound.parts(place(self.ir, resolved), collectives=not sfb)
 
 
 def _per_device(

@@ -9,21 +9,34 @@ its inputs are where it runs. So a step lasts at least as long as each of:
 
 * **compute**: the op instances' seconds on the busiest GPU (the task graph gives every
   instance a compute task of the cost model's time at its rows);
-* **ports and downlinks**: the bytes that must *arrive* at a GPU, over its in-port, and
-  at a machine, over its downlink (module :mod:`~tagplan.planner.compile.links`: every
-  transfer to a GPU crosses its in-port, and one from another machine the receiver's
-  downlink). For each tensor and each GPU that reads it: the rows its readers there need
-  that no instance of the producer on that GPU holds (a tensor without the batch
-  dimension: all of it, unless an instance of its producer runs there); for a machine,
-  the rows no instance on that machine holds. A partial sum (a gradient over a share of
-  the batch) read by an op that is not split the same way needs every instance's
-  partial: where the reader runs beside every partial (mirrored updates: one AllReduce),
-  the sum's bytes once, unless every partial is on the reader's GPU (machine); elsewhere
-  (a parameter server's update, a reader in another op group) the compiler sends it
-  every other GPU's partial to add up
-  (:meth:`~tagplan.planner.compile.transport.TransportRules._reduce`), each of them. A
-  tensor is counted once per GPU and machine, at the reader that misses most of it (a
-  hub may bring it once and share it);
+* **ports and machine links**: a link's busy time, the bytes it carries over its
+  bandwidth (or the faster path's rate), summed over what crosses it (module
+  :mod:`~tagplan.planner.compile.links`: a transfer between GPUs crosses the sender's
+  out-port and the receiver's in-port, and between machines the sender's uplink and the
+  receiver's downlink). *Arriving*, for each tensor and each GPU that reads it: the
+  rows its readers there need that no instance of the producer on that GPU holds (a
+  tensor without the batch dimension: all of it, unless an instance of its producer
+  runs there); for a machine, the rows no instance on that machine holds. A partial sum
+  (a gradient over a share of the batch) read by an op not split the same way, where
+  the reader does not run beside every partial (a parameter server's update, a reader in
+  another op group), gets every other GPU's partial to add up
+  (:meth:`~tagplan.planner.compile.transport.TransportRules._reduce`), each of them.
+  *Leaving*, for each tensor and each GPU: the rows that only its instance there holds
+  (a batch-split op's instances hold disjoint rows) and that a reader on another GPU
+  needs, and all a reader elsewhere needs of a tensor only that GPU holds; a partial,
+  once, when a reader of its sum runs elsewhere; for a machine the same across
+  machines. A tensor is counted once per GPU and machine, at the reader that takes most
+  of it (a hub may bring it once and share it). Where the reader of partial sums runs
+  beside every partial (mirrored updates), the compiler sums them with one **AllReduce**
+  among the partials' GPUs, which the simulator runs as one flow over the ring's links,
+  taking on each link its share ``min(1, R / c)`` (``R`` the ring's rate, ``c`` the
+  link's bandwidth) of its bandwidth part, ``min(p, 2(k-1)S/(kR))`` for a collective of
+  ``p`` seconds. The cost model prices an AllReduce of ``S`` bytes by ring, hierarchical
+  or tree, each a latency plus a term that grows at least linearly with ``S``; so ``p``
+  is at least ``S`` times the smallest of their slopes (at a size where latency is
+  lost), however gradients are bucketed, and each link of the ring is busy at least its
+  share of ``S`` times the smaller of that slope and ``2(k-1)/(kR)``. Where sufficient
+  factors are broadcast instead, the sum counts once at each port;
 * **the longest chain**: an op instance starts after the producers of its inputs have
   finished and their bytes have crossed to it. An instance of a batch-split producer
   holds only its own rows, so a reader waits for every instance whose rows it reads, and
@@ -34,11 +47,9 @@ its inputs are where it runs. So a step lasts at least as long as each of:
   element of the last partial, so a tensor's worth still leaves its GPU after it is
   made).
 
-An AllReduce counts as what each reader must receive at the least, the sum once (a
-ring moves ``2(k-1)/k`` of it over every port), so the bound stays below the step
-whatever the algorithm. Control dependencies and latencies are left out (they only
-add). Where the communication model uses a measured profile (which may be faster than
-the links' bandwidths), only compute and the chains without transfer times are counted.
+Control dependencies and latencies are left out (they only add). Where the
+communication model uses a measured profile (which may be faster than the links'
+bandwidths), only compute and the chains without transfer times are counted.
 """
 
 from __future__ import annotations
@@ -48,8 +59,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from tagplan.planner.compile.links import LinkLayout, ring_bytes_per_link
 from tagplan.planner.compile.placement import Placement
-from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.comm import CommModel, allreduce_time_s
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
@@ -57,6 +69,8 @@ from tagplan.planner.strategy import Mode
 from tagplan.planner.topology import Cluster
 
 __all__ = ["StepBound", "StepBoundParts"]
+
+_LARGE_BYTES = 1e12  # where every AllReduce's latency is lost in its bandwidth term
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,15 @@ class StepBound:
         self._row_bytes = np.where(self._batch, self._bytes / max(ir.batch_size, 1), 0.0)
         self._consumer_ptr = ir.tensor_consumer_ptr.astype(np.int64)
         self._consumer_op = ir.tensor_consumer_op.astype(np.int64)
+        self._tensors = (  # what the kernels read of every tensor, in their order
+            self._producer,
+            self._batch,
+            self._summed,
+            self._bytes,
+            self._row_bytes,
+            self._consumer_ptr,
+            self._consumer_op,
+        )
         self._links = comm.profile is None
         # a link's busy time is its bytes over the larger of its bandwidth and the path's
         # rate (compile/links.py); with one GPU or one machine nothing crosses them
@@ -99,8 +122,10 @@ class StepBound:
         np.fill_diagonal(paths, 0.0)
         single = np.full(1, np.inf)
         self._fastest_in = paths.max(axis=0) if cluster.num_devices > 1 else single
+        fastest_out = paths.max(axis=1) if cluster.num_devices > 1 else single
         port = cluster.machine_intra_bandwidth_bytes_per_s[cluster.device_machine]
         self._port = np.maximum(port, self._fastest_in)
+        self._out_port = np.maximum(port, fastest_out)
         machine = cluster.device_machine
         network = cluster.machine_bandwidth_bytes_per_s.astype(np.float64).copy()
         np.fill_diagonal(network, 0.0)
@@ -109,6 +134,8 @@ class StepBound:
         network_in = network.max(axis=0) if several else single
         self._downlink = np.maximum(network_out, network_in)
         self._machine = machine.astype(np.int64)
+        self._layout = LinkLayout(cluster)
+        self._slopes: dict[tuple[int, ...], float] = {}  # AllReduce seconds per byte
         # the fastest any bytes go from one GPU to another: into the target and, between
         # machines, out of the source's machine and into the target's
         between = np.minimum.outer(network_out[machine], network_in[machine])
@@ -117,6 +144,59 @@ class StepBound:
             self._fastest_in[None, :],
             np.minimum(between, self._fastest_in[None, :]),
         )
+
+    def departures(
+        self, placement: Placement, reduced: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes that must leave every GPU and every machine (module docstring), but
+        those of the ``reduced`` tensors, which an AllReduce sums (its links counted
+        apart)."""
+        if reduced is None:
+            reduced = np.zeros(len(self._producer), dtype=np.bool_)
+        return _departures(
+            *_instances(placement),
+            reduced,
+            *self._tensors,
+            self._machine,
+            self.cluster.num_devices,
+            self.cluster.num_machines,
+        )
+
+    def _collective_busy(self, placement: Placement, reduced: np.ndarray) -> np.ndarray:
+        """Every link's busy seconds at the least from the AllReduces of the ``reduced``
+        tensors (module docstring), by the GPUs that hold their partials."""
+        busy = np.zeros(self._layout.num_links)
+        by_members: dict[tuple[int, ...], float] = {}
+        for t in np.flatnonzero(reduced):
+            p = self._producer[t]
+            devices = placement.inst_device[placement.inst_ptr[p] : placement.inst_ptr[p + 1]]
+            members = tuple(sorted({int(x) for x in devices}))
+            by_members[members] = by_members.get(members, 0.0) + self._bytes[t]
+        for members, nbytes in by_members.items():
+            route = self._layout.ring(members)
+            per_byte_s = min(
+                self._per_byte_s(members),
+                ring_bytes_per_link(len(members), 1) / route.rate_bytes_per_s,
+            )
+            busy[route.links] += np.asarray(route.shares) * per_byte_s * nbytes
+        return busy
+
+    def _per_byte_s(self, members: tuple[int, ...]) -> float:
+        """Seconds per byte an AllReduce among ``members`` takes at the least, whichever
+        algorithm prices it: each closed form is its latency plus a bandwidth term that
+        grows at least linearly with the bytes (:mod:`~tagplan.planner.cost.comm`), so its
+        slope at a very large size bounds it from below, and buckets of several gradients
+        take no less than their bytes at the smallest slope."""
+        found = self._slopes.get(members)
+        if found is None:
+            sizes = np.array([_LARGE_BYTES, 2 * _LARGE_BYTES])
+            slopes = [
+                float(np.diff(allreduce_time_s(self.cluster, members, sizes, name))[0])
+                / _LARGE_BYTES
+                for name in ("ring", "hierarchical", "tree")
+            ]
+            found = self._slopes[members] = min(slopes)
+        return found
 
     def instance_seconds(self, placement: Placement) -> np.ndarray:
         """Every op instance's compute seconds: the cost model's time of its op on its
@@ -135,41 +215,57 @@ class StepBound:
         )
         return float(busy.max(initial=0.0))
 
-    def parts(self, placement: Placement) -> StepBoundParts:
+    def parts(self, placement: Placement, *, collectives: bool = True) -> StepBoundParts:
         """The bound's parts for the placement of a strategy without a pipeline (each op
-        has at most one instance per GPU)."""
+        has at most one instance per GPU). ``collectives``: whether a mirrored reader's
+        partials are summed by an AllReduce, as the compiler sums them unless sufficient
+        factors are broadcast instead (then the sum counts once at each port)."""
         cluster = self.cluster
         seconds = self.instance_seconds(placement)
         compute_s = self.compute_s(placement, seconds)
-        chain_s, arriving, entering = _chains_and_arrivals(
-            placement.inst_ptr.astype(np.int64),
-            placement.inst_device.astype(np.int64),
-            placement.inst_lo.astype(np.int64),
-            placement.inst_hi.astype(np.int64),
-            (placement.op_mode == int(Mode.SPLIT)),
+        chain_s, arriving, entering, reduced = _chains_and_arrivals(
+            *_instances(placement),
             seconds.astype(np.float64),
             self._input_ptr,
             self._input_tensor,
-            self._producer,
-            self._batch,
-            self._summed,
-            self._bytes,
-            self._row_bytes,
-            self._consumer_ptr,
-            self._consumer_op,
+            *self._tensors,
             self._machine,
             self._rate,
             cluster.num_machines,
             self._links,
+            collectives,
         )
         if not self._links:
             return StepBoundParts(compute_s, 0.0, 0.0, chain_s)
+        leaving, exiting = self.departures(placement, reduced)
+        busy = self._collective_busy(placement, reduced)
+        d, m = cluster.num_devices, cluster.num_machines
+        ports = np.concatenate(
+            [arriving / self._port + busy[d : 2 * d], leaving / self._out_port + busy[:d]]
+        )
+        network = np.concatenate(
+            [
+                entering / self._downlink + busy[2 * d + m :],
+                exiting / self._downlink + busy[2 * d : 2 * d + m],
+            ]
+        )
         return StepBoundParts(
             compute_s=compute_s,
-            ports_s=float((arriving / self._port).max(initial=0.0)),
-            network_s=float((entering / self._downlink).max(initial=0.0)),
+            ports_s=float(ports.max(initial=0.0)),
+            network_s=float(network.max(initial=0.0)),
             chain_s=chain_s,
         )
+
+
+def _instances(placement: Placement) -> tuple[np.ndarray, ...]:
+    """The placement's instances as the kernels read them."""
+    return (
+        placement.inst_ptr.astype(np.int64),
+        placement.inst_device.astype(np.int64),
+        placement.inst_lo.astype(np.int64),
+        placement.inst_hi.astype(np.int64),
+        placement.op_mode == int(Mode.SPLIT),
+    )
 
 
 @njit(cache=True)
@@ -193,9 +289,12 @@ def _chains_and_arrivals(
     rate: np.ndarray,
     num_machines: int,
     links: bool,
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """The longest chain, and the bytes arriving at every GPU and machine (module
-    docstring). Instances of a batch-split op hold disjoint rows in ascending order."""
+    collectives: bool,
+) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """The longest chain, the bytes arriving at every GPU and machine, and, with
+    ``collectives``, which tensors an AllReduce sums (their links are counted apart:
+    module docstring). Instances of a batch-split op hold disjoint rows in ascending
+    order."""
     num_ops = len(inst_ptr) - 1
     num_devices = len(rate)
     finish = np.zeros(len(inst_device))
@@ -258,8 +357,9 @@ def _chains_and_arrivals(
     chain = finish.max() if len(finish) else 0.0
     arriving = np.zeros(num_devices)
     entering = np.zeros(num_machines)
+    reduced = np.zeros(len(producer), dtype=np.bool_)  # summed by an AllReduce
     if not links:
-        return chain, arriving, entering
+        return chain, arriving, entering, reduced
     device_need = np.zeros(num_devices)
     machine_need = np.zeros(num_machines)
     held_machine = np.zeros(num_machines, dtype=np.bool_)
@@ -294,7 +394,11 @@ def _chains_and_arrivals(
                 d, lo, hi = inst_device[c], inst_lo[c], inst_hi[c]
                 m = machine[d]
                 if partials and not op_split[reader]:
-                    if mirrored:  # the sum, once
+                    if mirrored and collectives and only_device < 0:  # an AllReduce
+                        reduced[t] = True  # its links' share: StepBound._collective_busy
+                        here = 0.0 if on_device[d] >= 0 else tensor_bytes[t]  # else a copy
+                        on_machine = 0.0 if held_machine[m] else tensor_bytes[t]
+                    elif mirrored:  # the sum, once
                         here = 0.0 if only_device == d else tensor_bytes[t]
                         on_machine = 0.0 if only_machine == m else tensor_bytes[t]
                     else:  # every other GPU's partial, added up where it is read
@@ -339,4 +443,101 @@ def _chains_and_arrivals(
                 m = machine[d]
                 entering[m] += machine_need[m]
                 machine_need[m] = 0.0
-    return chain, arriving, entering
+    return chain, arriving, entering, reduced
+
+
+@njit(cache=True)
+def _departures(
+    inst_ptr: np.ndarray,
+    inst_device: np.ndarray,
+    inst_lo: np.ndarray,
+    inst_hi: np.ndarray,
+    op_split: np.ndarray,
+    reduced: np.ndarray,
+    producer: np.ndarray,
+    batch: np.ndarray,
+    summed: np.ndarray,
+    tensor_bytes: np.ndarray,
+    row_bytes: np.ndarray,
+    consumer_ptr: np.ndarray,
+    consumer_op: np.ndarray,
+    machine: np.ndarray,
+    num_devices: int,
+    num_machines: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes that must leave every GPU and machine (module docstring), each tensor
+    counted at the reader that takes most from it."""
+    leaving = np.zeros(num_devices)
+    exiting = np.zeros(num_machines)
+    device_out = np.zeros(num_devices)  # this tensor's, from a GPU that holds it whole
+    machine_out = np.zeros(num_machines)
+    widest = 0
+    for op in range(len(inst_ptr) - 1):
+        widest = max(widest, inst_ptr[op + 1] - inst_ptr[op])
+    rows_out = np.zeros(widest)  # of a batch-split tensor, per instance: its own rows
+    rows_far = np.zeros(widest)  # the same, to other machines
+    for t in range(len(producer)):
+        p = producer[t]
+        first, last = inst_ptr[p], inst_ptr[p + 1]
+        if first == last or consumer_ptr[t] == consumer_ptr[t + 1] or reduced[t]:
+            continue  # an AllReduce's links are counted apart
+        split = batch[t] and op_split[p]
+        partials = summed[t] and op_split[p]
+        only_device, only_machine = inst_device[first], machine[inst_device[first]]
+        for j in range(first, last):
+            if inst_device[j] != only_device:
+                only_device = -1
+            if machine[inst_device[j]] != only_machine:
+                only_machine = -1
+        for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
+            reader = consumer_op[k]
+            r0, r1 = inst_ptr[reader], inst_ptr[reader + 1]
+            if split:  # rows only their instance holds, read on another GPU (machine)
+                for j in range(first, last):
+                    s, lo, hi = inst_device[j], inst_lo[j], inst_hi[j]
+                    start = r0
+                    if op_split[reader]:
+                        start = r0 + np.searchsorted(inst_hi[r0:r1], lo, side="right")
+                    off_device = off_machine = 0
+                    for c in range(start, r1):
+                        if op_split[reader] and inst_lo[c] >= hi:
+                            break
+                        rows = max(0, min(hi, inst_hi[c]) - max(lo, inst_lo[c]))
+                        to_device = rows if inst_device[c] != s else 0
+                        to_machine = rows if machine[inst_device[c]] != machine[s] else 0
+                        if op_split[reader]:  # disjoint rows: each leaves for its reader
+                            off_device += to_device
+                            off_machine += to_machine
+                        else:  # the same rows for every instance: they leave once
+                            off_device = max(off_device, to_device)
+                            off_machine = max(off_machine, to_machine)
+                    rows_out[j - first] = max(rows_out[j - first], off_device * row_bytes[t])
+                    rows_far[j - first] = max(rows_far[j - first], off_machine * row_bytes[t])
+            elif partials and not op_split[reader]:  # each partial leaves for the sum
+                for j in range(first, last):
+                    s = inst_device[j]
+                    for c in range(r0, r1):
+                        if inst_device[c] != s:
+                            device_out[s] = tensor_bytes[t]
+                        if machine[inst_device[c]] != machine[s]:
+                            machine_out[machine[s]] = tensor_bytes[t]
+            else:  # one GPU (machine) holding all of it sends what readers elsewhere need
+                rows_apart = batch[t] and op_split[reader]  # disjoint rows: they add up
+                to_device = to_machine = 0.0
+                for c in range(r0, r1):
+                    d = inst_device[c]
+                    need = (inst_hi[c] - inst_lo[c]) * row_bytes[t] if batch[t] else tensor_bytes[t]
+                    if d != only_device:
+                        to_device = to_device + need if rows_apart else max(to_device, need)
+                    if machine[d] != only_machine:
+                        to_machine = to_machine + need if rows_apart else max(to_machine, need)
+                if only_device >= 0:
+                    device_out[only_device] = max(device_out[only_device], to_device)
+                if only_machine >= 0:
+                    machine_out[only_machine] = max(machine_out[only_machine], to_machine)
+        for j in range(first, last):  # instances of a split op hold disjoint rows
+            s, m = inst_device[j], machine[inst_device[j]]
+            leaving[s] += device_out[s] + rows_out[j - first]
+            exiting[m] += machine_out[m] + rows_far[j - first]
+            device_out[s] = machine_out[m] = rows_out[j - first] = rows_far[j - first] = 0.0
+    return leaving, exiting

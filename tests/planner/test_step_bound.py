@@ -1,10 +1,14 @@
 """The step bound of a placement (tagplan/planner/step_bound.py): never above the step the
 simulator gives, for every strategy kind of the compiler's tests and for strategies of
 the search's actions on zoo models and random clusters; its network part, under data
-parallelism over two machines, is every gradient's bytes once over the downlink; with a
-measured communication profile only compute and chains count."""
+parallelism over two machines, is the gradients' AllReduce at the cheapest algorithm's
+seconds per byte; an op moved whole onto one GPU sends every replica elsewhere its rows
+from that GPU and machine; with a measured communication profile only compute and chains
+count."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ from tagplan.planner.errors import InvalidInput, PlannerError
 from tagplan.planner.evaluate import Evaluator, resolve_planned
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.step_bound import StepBound
+from tagplan.planner.strategy import Mode
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import LAYERS, STRATEGIES, committed, strategy, two_by_two
 from tests.planner.compile.test_pipeline import joined_stages
@@ -73,21 +78,73 @@ def test_the_searchs_strategies_step_no_faster_than_their_bound(model: str, clus
     assert checked >= 5
 
 
-def test_data_parallel_over_two_machines_receives_every_gradient_once_per_machine() -> None:
-    """DP-NCCL on two machines: every batch tensor stays on its GPU, and each machine
-    must receive the sum of the other machine's partial gradients: the network part is
-    the gradients' bytes over the 10 Gbps link, and the few scalars the first GPU's
-    unsplit ops hand the other machine (under 64 bytes)."""
+def test_data_parallel_over_two_machines_counts_its_allreduce_at_the_cheapest_algorithm() -> None:
+    """DP-NCCL on two machines of two GPUs: every batch tensor stays on its GPU and the
+    gradients are AllReduced among the four. The cheapest algorithm per byte is the
+    hierarchical one (its chain down and up a machine at 100 Gbps, its leaders' ring
+    sending half the bytes twice at 10 Gbps), below the ring's 2(k-1)/k over 10 Gbps: the
+    network part is the gradients' bytes at that rate, and the few scalars the first
+    GPU's unsplit ops hand the other machine (under 64 bytes); a port takes the ring's
+    tenth of its 100 Gbps."""
     _, ir = committed("small_cnn")
     cluster = two_by_two()
     evaluator = Evaluator(ir, cluster)
     parts = evaluator.step_bound_parts(baseline_strategy("dp-nccl", ir, cluster, evaluator.costs))
     gradients = ir.parameters.gradient_tensor[ir.parameters.gradient_tensor >= 0]
-    link_bytes_per_s = 10e9 / 8
-    expected_s = float(ir.tensor_bytes[gradients].sum()) / link_bytes_per_s
-    assert expected_s <= parts.network_s <= expected_s + 64 / link_bytes_per_s
-    # inside a machine the other GPU's partials cross a 100 Gbps port
-    assert expected_s / 10 <= parts.ports_s <= (expected_s + 64 / link_bytes_per_s) / 10
+    network_bytes_per_s, port_bytes_per_s = 10e9 / 8, 100e9 / 8
+    hierarchical = 2 / port_bytes_per_s + 2 * (2 - 1) / 2 / network_bytes_per_s
+    ring = 2 * (4 - 1) / 4 / network_bytes_per_s
+    assert hierarchical < ring
+    expected_s = float(ir.tensor_bytes[gradients].sum()) * hierarchical
+    scalars_s = 64 / network_bytes_per_s
+    assert expected_s <= parts.network_s <= expected_s + scalars_s
+    assert expected_s / 10 <= parts.ports_s <= (expected_s + scalars_s) / 10
+
+
+def test_an_op_run_whole_on_one_gpu_sends_each_replica_elsewhere_its_rows() -> None:
+    """DP-NCCL's placement with one batch-split op moved whole onto GPU 0: the rows the
+    three other replicas read leave GPU 0 besides what left it before, and the half read
+    on the other machine leaves its machine, however little of it reaches each reader (a
+    quarter of the batch)."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    placement = place(ir, resolve_planned(dp, ir, cluster))
+    split = placement.op_mode == int(Mode.SPLIT)
+    consumers = np.split(ir.tensor_consumer_op, ir.tensor_consumer_ptr[1:-1])
+    t = max(
+        (
+            t
+            for t in range(ir.num_tensors)
+            if ir.tensor_batch_axis[t] >= 0
+            and split[ir.tensor_producer[t]]
+            and len(consumers[t])
+            and split[consumers[t]].all()
+        ),
+        key=lambda t: ir.tensor_bytes[t],
+    )
+    op = int(ir.tensor_producer[t])
+    first, last = placement.inst_ptr[op], placement.inst_ptr[op + 1]
+    assert last - first == 4
+    inst_ptr = placement.inst_ptr.copy()
+    inst_ptr[op + 1 :] -= 3
+
+    def one(column: np.ndarray, value: int) -> np.ndarray:
+        return np.concatenate([column[:first], [value], column[last:]]).astype(column.dtype)
+
+    whole = replace(
+        placement,
+        op_mode=np.where(np.arange(ir.num_ops) == op, int(Mode.SINGLE), placement.op_mode),
+        inst_ptr=inst_ptr,
+        inst_device=one(placement.inst_device, 0),
+        inst_lo=one(placement.inst_lo, 0),
+        inst_hi=one(placement.inst_hi, ir.batch_size),
+    )
+    leaving, exiting = evaluator.step_bound.departures(whole)
+    leaving_dp, exiting_dp = evaluator.step_bound.departures(placement)
+    assert leaving[0] >= leaving_dp[0] + 0.75 * ir.tensor_bytes[t]
+    assert exiting[0] >= exiting_dp[0] + 0.5 * ir.tensor_bytes[t]
 
 
 def test_a_measured_profile_leaves_the_links_out() -> None:
