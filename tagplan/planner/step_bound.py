@@ -13,30 +13,31 @@ its inputs are where it runs. So a step lasts at least as long as each of:
   bandwidth (or the faster path's rate), summed over what crosses it (module
   :mod:`~tagplan.planner.compile.links`: a transfer between GPUs crosses the sender's
   out-port and the receiver's in-port, and between machines the sender's uplink and the
-  receiver's downlink). *Arriving*, for each tensor and each GPU that reads it: the
-  rows its readers there need that no instance of the producer on that GPU holds (a
-  tensor without the batch dimension: all of it, unless an instance of its producer
-  runs there); for a machine, the rows no instance on that machine holds. A partial sum
-  (a gradient over a share of the batch) read by an op not split the same way, where
-  the reader does not run beside every partial (a parameter server's update, a reader in
+  receiver's downlink). *Arriving*, for each tensor and each GPU that reads it: the rows
+  its readers there need that no instance of the producer on that GPU holds (a tensor
+  without the batch dimension: all of it, unless an instance of its producer runs
+  there); for a machine, the rows no instance on that machine holds. A partial sum (a
+  gradient over a share of the batch) read by an op not split the same way, where the
+  reader does not run beside every partial (a parameter server's update, a reader in
   another op group), gets every other GPU's partial to add up
   (:meth:`~tagplan.planner.compile.transport.TransportRules._reduce`), each of them.
-  *Leaving*, for each tensor and each GPU: the rows that only its instance there holds
-  (a batch-split op's instances hold disjoint rows) and that a reader on another GPU
-  needs, and all a reader elsewhere needs of a tensor only that GPU holds; a partial,
-  once, when a reader of its sum runs elsewhere; for a machine the same across
-  machines. A tensor is counted once per GPU and machine, at the reader that takes most
-  of it (a hub may bring it once and share it). Where the reader of partial sums runs
-  beside every partial (mirrored updates), the compiler sums them with one **AllReduce**
-  among the partials' GPUs, which the simulator runs as one flow over the ring's links,
-  taking on each link its share ``min(1, R / c)`` (``R`` the ring's rate, ``c`` the
-  link's bandwidth) of its bandwidth part, ``min(p, 2(k-1)S/(kR))`` for a collective of
-  ``p`` seconds. The cost model prices an AllReduce of ``S`` bytes by ring, hierarchical
-  or tree, each a latency plus a term that grows at least linearly with ``S``; so ``p``
-  is at least ``S`` times the smallest of their slopes (at a size where latency is
-  lost), however gradients are bucketed, and each link of the ring is busy at least its
-  share of ``S`` times the smaller of that slope and ``2(k-1)/(kR)``. Where sufficient
-  factors are broadcast instead, the sum counts once at each port;
+  *Leaving* (:mod:`~tagplan.planner.departures`), for each tensor and each GPU: the rows
+  that only its instance there holds (a batch-split op's instances hold disjoint rows)
+  and that a reader on another GPU needs, and all a reader elsewhere needs of a tensor
+  only that GPU holds; a partial, once, when a reader of its sum runs elsewhere; for a
+  machine the same across machines. A tensor is counted once per GPU and machine, at the
+  reader that takes most of it (a hub may bring it once and share it). Where the reader
+  of partial sums runs beside every partial (mirrored updates), the compiler sums them
+  with one **AllReduce** among the partials' GPUs, which the simulator runs as one flow
+  over the ring's links, taking on each link its share ``min(1, R / c)`` (``R`` the
+  ring's rate, ``c`` the link's bandwidth) of its bandwidth part, ``min(p,
+  2(k-1)S/(kR))`` for a collective of ``p`` seconds. The cost model prices an AllReduce
+  of ``S`` bytes by ring, hierarchical or tree, each a latency plus a term that grows at
+  least linearly with ``S``; so ``p`` is at least ``S`` times the smallest of their
+  slopes (at a size where latency is lost), however gradients are bucketed, and each
+  link of the ring is busy at least its share of ``S`` times the smaller of that slope
+  and ``2(k-1)/(kR)``. Where sufficient factors are broadcast instead, the sum counts
+  once at each port;
 * **the longest chain**: an op instance starts after the producers of its inputs have
   finished and their bytes have crossed to it. An instance of a batch-split producer
   holds only its own rows, so a reader waits for every instance whose rows it reads, and
@@ -63,6 +64,7 @@ from tagplan.planner.compile.links import LinkLayout, ring_bytes_per_link
 from tagplan.planner.compile.placement import Placement
 from tagplan.planner.cost.comm import CommModel, allreduce_time_s
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.departures import departures
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode
@@ -153,7 +155,7 @@ class StepBound:
         apart)."""
         if reduced is None:
             reduced = np.zeros(len(self._producer), dtype=np.bool_)
-        return _departures(
+        return departures(
             *_instances(placement),
             reduced,
             *self._tensors,
@@ -444,100 +446,3 @@ def _chains_and_arrivals(
                 entering[m] += machine_need[m]
                 machine_need[m] = 0.0
     return chain, arriving, entering, reduced
-
-
-@njit(cache=True)
-def _departures(
-    inst_ptr: np.ndarray,
-    inst_device: np.ndarray,
-    inst_lo: np.ndarray,
-    inst_hi: np.ndarray,
-    op_split: np.ndarray,
-    reduced: np.ndarray,
-    producer: np.ndarray,
-    batch: np.ndarray,
-    summed: np.ndarray,
-    tensor_bytes: np.ndarray,
-    row_bytes: np.ndarray,
-    consumer_ptr: np.ndarray,
-    consumer_op: np.ndarray,
-    machine: np.ndarray,
-    num_devices: int,
-    num_machines: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes that must leave every GPU and machine (module docstring), each tensor
-    counted at the reader that takes most from it."""
-    leaving = np.zeros(num_devices)
-    exiting = np.zeros(num_machines)
-    device_out = np.zeros(num_devices)  # this tensor's, from a GPU that holds it whole
-    machine_out = np.zeros(num_machines)
-    widest = 0
-    for op in range(len(inst_ptr) - 1):
-        widest = max(widest, inst_ptr[op + 1] - inst_ptr[op])
-    rows_out = np.zeros(widest)  # of a batch-split tensor, per instance: its own rows
-    rows_far = np.zeros(widest)  # the same, to other machines
-    for t in range(len(producer)):
-        p = producer[t]
-        first, last = inst_ptr[p], inst_ptr[p + 1]
-        if first == last or consumer_ptr[t] == consumer_ptr[t + 1] or reduced[t]:
-            continue  # an AllReduce's links are counted apart
-        split = batch[t] and op_split[p]
-        partials = summed[t] and op_split[p]
-        only_device, only_machine = inst_device[first], machine[inst_device[first]]
-        for j in range(first, last):
-            if inst_device[j] != only_device:
-                only_device = -1
-            if machine[inst_device[j]] != only_machine:
-                only_machine = -1
-        for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
-            reader = consumer_op[k]
-            r0, r1 = inst_ptr[reader], inst_ptr[reader + 1]
-            if split:  # rows only their instance holds, read on another GPU (machine)
-                for j in range(first, last):
-                    s, lo, hi = inst_device[j], inst_lo[j], inst_hi[j]
-                    start = r0
-                    if op_split[reader]:
-                        start = r0 + np.searchsorted(inst_hi[r0:r1], lo, side="right")
-                    off_device = off_machine = 0
-                    for c in range(start, r1):
-                        if op_split[reader] and inst_lo[c] >= hi:
-                            break
-                        rows = max(0, min(hi, inst_hi[c]) - max(lo, inst_lo[c]))
-                        to_device = rows if inst_device[c] != s else 0
-                        to_machine = rows if machine[inst_device[c]] != machine[s] else 0
-                        if op_split[reader]:  # disjoint rows: each leaves for its reader
-                            off_device += to_device
-                            off_machine += to_machine
-                        else:  # the same rows for every instance: they leave once
-                            off_device = max(off_device, to_device)
-                            off_machine = max(off_machine, to_machine)
-                    rows_out[j - first] = max(rows_out[j - first], off_device * row_bytes[t])
-                    rows_far[j - first] = max(rows_far[j - first], off_machine * row_bytes[t])
-            elif partials and not op_split[reader]:  # each partial leaves for the sum
-                for j in range(first, last):
-                    s = inst_device[j]
-                    for c in range(r0, r1):
-                        if inst_device[c] != s:
-                            device_out[s] = tensor_bytes[t]
-                        if machine[inst_device[c]] != machine[s]:
-                            machine_out[machine[s]] = tensor_bytes[t]
-            else:  # one GPU (machine) holding all of it sends what readers elsewhere need
-                rows_apart = batch[t] and op_split[reader]  # disjoint rows: they add up
-                to_device = to_machine = 0.0
-                for c in range(r0, r1):
-                    d = inst_device[c]
-                    need = (inst_hi[c] - inst_lo[c]) * row_bytes[t] if batch[t] else tensor_bytes[t]
-                    if d != only_device:
-                        to_device = to_device + need if rows_apart else max(to_device, need)
-                    if machine[d] != only_machine:
-                        to_machine = to_machine + need if rows_apart else max(to_machine, need)
-                if only_device >= 0:
-                    device_out[only_device] = max(device_out[only_device], to_device)
-                if only_machine >= 0:
-                    machine_out[only_machine] = max(machine_out[only_machine], to_machine)
-        for j in range(first, last):  # instances of a split op hold disjoint rows
-            s, m = inst_device[j], machine[inst_device[j]]
-            leaving[s] += device_out[s] + rows_out[j - first]
-            exiting[m] += machine_out[m] + rows_far[j - first]
-            device_out[s] = machine_out[m] = rows_out[j - first] = rows_far[j - first] = 0.0
-    return leaving, exiting
