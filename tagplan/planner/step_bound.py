@@ -147,16 +147,19 @@ class StepBound:
             np.minimum(between, self._fastest_in[None, :]),
         )
 
-    def departures(
-        self, placement: Placement, reduced: np.ndarray | None = None
+    def departures(self, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes that must leave every GPU and every machine (module docstring), no
+        tensor's sum counted apart as an AllReduce's."""
+        nothing_reduced = np.zeros(len(self._producer), dtype=np.bool_)
+        return self._departures(_instances(placement), nothing_reduced)
+
+    def _departures(
+        self, instances: tuple[np.ndarray, ...], reduced: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The bytes that must leave every GPU and every machine (module docstring), but
-        those of the ``reduced`` tensors, which an AllReduce sums (its links counted
-        apart)."""
-        if reduced is None:
-            reduced = np.zeros(len(self._producer), dtype=np.bool_)
+        """:meth:`departures` of the kernels' ``instances``, but those of the ``reduced``
+        tensors, which an AllReduce sums (its links counted apart)."""
         return departures(
-            *_instances(placement),
+            *instances,
             reduced,
             *self._tensors,
             self._machine,
@@ -225,8 +228,9 @@ class StepBound:
         cluster = self.cluster
         seconds = self.instance_seconds(placement)
         compute_s = self.compute_s(placement, seconds)
+        instances = _instances(placement)
         chain_s, arriving, entering, reduced = _chains_and_arrivals(
-            *_instances(placement),
+            *instances,
             seconds.astype(np.float64),
             self._input_ptr,
             self._input_tensor,
@@ -239,7 +243,7 @@ class StepBound:
         )
         if not self._links:
             return StepBoundParts(compute_s, 0.0, 0.0, chain_s)
-        leaving, exiting = self.departures(placement, reduced)
+        leaving, exiting = self._departures(instances, reduced)
         busy = self._collective_busy(placement, reduced)
         d, m = cluster.num_devices, cluster.num_machines
         ports = np.concatenate(
