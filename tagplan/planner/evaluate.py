@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tagplan.planner.compile.pipeline import phase_barriers
-from tagplan.planner.compile.placement import place
+from tagplan.planner.compile.placement import Placement, place
 from tagplan.planner.compile.symmetry import Symmetry
 from tagplan.planner.compile.task_compiler import CompiledTasks, TaskCompiler
 from tagplan.planner.cost.comm import CommModel
@@ -80,13 +80,26 @@ class Evaluator:
         self.reserve_bytes = reserve_bytes
         self.by_class = by_class
         self._step_bound: StepBound | None = None
+        self._placed: tuple[Strategy, ResolvedStrategy, Placement] | None = None
+
+    def placed(self, strategy: Strategy) -> tuple[ResolvedStrategy, Placement]:
+        """``strategy`` resolved as the planner resolves it (:func:`resolve_planned`) and
+        placed, kept for the next call with the same object: the search bounds a strategy
+        and then simulates it, and both start from its placement."""
+        kept = self._placed
+        if kept is not None and kept[0] is strategy:
+            return kept[1], kept[2]
+        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
+        placement = place(self.ir, resolved)
+        self._placed = (strategy, resolved, placement)
+        return resolved, placement
 
     def evaluate(self, strategy: Strategy, *, by_class: bool | None = None) -> Evaluation:
         """Resolve, compile and simulate ``strategy`` (``by_class`` overrides the
         evaluator's choice for this one)."""
-        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
+        resolved, placement = self.placed(strategy)
         classes = self.by_class if by_class is None else by_class
-        compiled = self.compiler.compile(resolved, by_class=classes)
+        compiled = self.compiler.compile(resolved, by_class=classes, placement=placement)
         graph = compiled.task_graph
         if self.use_priority:
             graph.task_priority[:] = upward_rank(graph)
@@ -116,8 +129,7 @@ class Evaluator:
         auxiliary ops only add. Costs a placement, not a compile; refuses a pipeline the
         graph cannot run as :meth:`evaluate` does
         (:class:`~tagplan.planner.errors.InvalidInput`)."""
-        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
-        placement = place(self.ir, resolved)
+        resolved, placement = self.placed(strategy)
         phase_barriers(self.ir, resolved, placement)
         return self.step_bound.compute_s(placement)
 
@@ -133,9 +145,9 @@ class Evaluator:
         """:meth:`step_bound_s` and what it is made of."""
         if strategy.pipeline is not None:
             raise InvalidInput("the step bound is for strategies without a pipeline")
-        resolved = resolve_planned(strategy, self.ir, self.cluster, work=self.costs.work)
+        resolved, placement = self.placed(strategy)
         sfb = bool(resolved.sfb_parameters.size)  # gradients broadcast, not AllReduced
-        return self.step_bound.parts(place(self.ir, resolved), collectives=not sfb)
+        return self.step_bound.parts(placement, collectives=not sfb)
 
 
 def _per_device(

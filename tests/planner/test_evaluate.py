@@ -51,6 +51,25 @@ def test_the_bound_is_the_busiest_gpus_op_compute(model: str) -> None:
         assert evaluator.compute_bound_s(candidate) == pytest.approx(busy.max(), rel=1e-12)
 
 
+def test_a_strategy_bounded_then_simulated_is_placed_once() -> None:
+    """The search bounds a strategy and then simulates it: the evaluator places it once
+    for both (the same object), and the simulation equals a new evaluator's, which never
+    bounded it; another strategy, even an equal one, is placed anew."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    candidate = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    evaluator.step_bound_s(candidate)
+    resolved, placement = evaluator.placed(candidate)
+    evaluation = evaluator.evaluate(candidate)
+    assert evaluation.resolved is resolved
+    assert evaluator.placed(candidate)[1] is placement
+    assert evaluator.placed(candidate.model_copy())[1] is not placement
+    fresh = Evaluator(ir, cluster, costs=evaluator.costs).evaluate(candidate)
+    assert evaluation.step_time_s == fresh.step_time_s
+    assert evaluation.result.peak_memory_bytes.tolist() == fresh.result.peak_memory_bytes.tolist()
+
+
 def test_the_bound_of_every_pipelined_candidate_on_a_real_cluster() -> None:
     _, ir = committed("small_cnn")
     cluster = load_cluster("testbed")

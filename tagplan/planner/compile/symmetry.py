@@ -95,12 +95,20 @@ def _device_signatures(placement: Placement, num_devices: int) -> np.ndarray:
 
 
 def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray) -> bool:
-    """Whether a split op reads rows of a split producer's batch tensor (``producer[i]``
-    -> ``reader[i]``) that no piece of the producer holds as they are, where a class of
-    several GPUs reads or holds them: the rule that gathers or cuts pieces of another
-    layout then singles out members (:class:`Asymmetric`), so the compile would stop
-    there. Checked on the quotient placement before compiling, so a strategy that would
-    stop is compiled per GPU at once rather than after a partial compile (the search's
+    """Whether a split op reads rows of a producer's batch tensor (``producer[i]`` ->
+    ``reader[i]``) in a way that singles out members of a class (:class:`Asymmetric`),
+    so the compile would stop there:
+
+    * rows of a split producer that no piece of it holds as they are, where a class of
+      several GPUs reads or holds them: the rule that gathers or cuts pieces of another
+      layout;
+    * rows of a producer that is not split, on a class of several GPUs where it has no
+      instance: the whole tensor is cut on a hub, one member's rows after another's.
+      A whole copy that an earlier reader brought to the class would have spared the
+      hub; the answer counts none (it only chooses the cheaper path).
+
+    Checked on the quotient placement before compiling, so a strategy that would stop
+    is compiled per GPU at once rather than after a partial compile (the search's
     neighbouring strategies mostly are such: an op group on other device groups than its
     producer's). The answer only chooses the cheaper path: either compile gives the same
     step, memory and OOM (module docstring)."""
@@ -108,6 +116,9 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
     ptr = quotient.inst_ptr
     device, lo, hi = quotient.inst_device, quotient.inst_lo, quotient.inst_hi
     split = quotient.op_mode == Mode.SPLIT
+    whole = ~split[producer] & split[reader]
+    if _cut_on_a_hub(quotient, members, producer[whole], reader[whole]):
+        return True
     batch = np.uint64(quotient.batch_size + 1)
     rows = (device.astype(np.uint64) * batch + lo.astype(np.uint64)) * batch
     key = _mixed(rows + hi.astype(np.uint64))
@@ -126,6 +137,20 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
                 continue
             covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
             if members[device[i]] > 1 or any(members[device[j]] > 1 for j in covering):
+                return True
+    return False
+
+
+def _cut_on_a_hub(
+    quotient: Placement, members: np.ndarray, producer: np.ndarray, reader: np.ndarray
+) -> bool:
+    """Whether some ``reader[i]`` has an instance on a class of several GPUs where
+    ``producer[i]`` has none."""
+    ptr, device = quotient.inst_ptr, quotient.inst_device
+    for p, r in set(zip(producer.tolist(), reader.tolist(), strict=True)):
+        held = set(device[ptr[p] : ptr[p + 1]].tolist())
+        for d in device[ptr[r] : ptr[r + 1]].tolist():
+            if members[d] > 1 and d not in held:
                 return True
     return False
 

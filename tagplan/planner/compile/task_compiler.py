@@ -329,11 +329,19 @@ class TaskCompiler:
             for tensors in self.op_outputs
         ]
 
-    def compile(self, resolved: ResolvedStrategy, *, by_class: bool = False) -> CompiledTasks:
-        """The task graph of one resolved strategy; ``by_class`` compiles each symmetry
-        class of GPUs once (:mod:`.symmetry`) where the strategy has classes and no rule
-        singles out a member, else per GPU."""
-        placement = place(self.ir, resolved)
+    def compile(
+        self,
+        resolved: ResolvedStrategy,
+        *,
+        by_class: bool = False,
+        placement: Placement | None = None,
+    ) -> CompiledTasks:
+        """The task graph of one resolved strategy (``placement``: its placement, when
+        already made); ``by_class`` compiles each symmetry class of GPUs once
+        (:mod:`.symmetry`) where the strategy has classes and no rule singles out a
+        member, else per GPU."""
+        if placement is None:
+            placement = place(self.ir, resolved)
         with _collector_paused():
             if by_class and resolved.pipeline is None:  # micro-batch rows are not contiguous
                 symmetry = symmetry_classes(placement, self.cluster)

@@ -338,6 +338,7 @@ class StrategySearch:
         self._rng = np.random.default_rng(seed)
         self.rejected = 0
         self._simulations = 0  # TAG's strategies simulated
+        self._last_strategy: tuple[tuple[int, ...], Strategy] | None = None
         self._simulation_s = 0.0  # and the seconds they took
 
     # strategies -------------------------------------------------------------------------
@@ -352,7 +353,16 @@ class StrategySearch:
 
     def strategy_of(self, key: tuple[int, ...]) -> Strategy:
         """The strategy giving op group ``g`` the action ``key[g]``, or the pipelined
-        strategy of a pipelined key."""
+        strategy of a pipelined key; the same object for the same key twice in a row (the
+        evaluator then places it once for its bound and its simulation,
+        :meth:`~tagplan.planner.evaluate.Evaluator.placed`)."""
+        if self._last_strategy is not None and self._last_strategy[0] == key:
+            return self._last_strategy[1]
+        strategy = self._strategy_of(key)
+        self._last_strategy = (key, strategy)
+        return strategy
+
+    def _strategy_of(self, key: tuple[int, ...]) -> Strategy:
         if is_pipelined_key(key):
             if self.layouts is None:
                 raise InvalidInput("a pipelined key in a search without layouts")

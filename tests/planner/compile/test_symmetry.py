@@ -156,30 +156,41 @@ def test_classes_and_quotient_placement_by_hand() -> None:
     assert rows == [(0, 0, batch // 8), (1, batch // 8, batch // 2), (4, batch // 2, batch)]
 
 
-@pytest.mark.parametrize("moved", [False, True])
-def test_reads_across_layouts_foretells_the_compile_stopping(moved: bool) -> None:
-    """Data parallelism on two machines of four GPUs; ``moved``: one layer's matmul on
-    the second machine alone, so it reads rows of the first layer's output that no class
-    holds as they are. The check on the quotient placement says so before compiling, and
-    the compile by class, tried anyway, stops there."""
+@pytest.mark.parametrize(
+    ("moved", "stops"),
+    [(None, None), ("second machine", "another layout"), ("one GPU", "a hub splits")],
+)
+def test_reads_across_layouts_foretells_the_compile_stopping(
+    moved: str | None, stops: str | None
+) -> None:
+    """Data parallelism on two machines of four GPUs, and one layer's matmul ``moved``:
+    data-parallel on the second machine alone, so it reads rows of the first layer's
+    output that no class holds as they are; or model-parallel on one GPU, so the
+    data-parallel op after it reads its rows of a whole tensor that only that GPU holds,
+    cut there for one member of a class after another. The check on the quotient
+    placement says so before compiling, and the compile by class, tried anyway, stops
+    there."""
     ir = _zoo("mlp")
     cluster = gpus("T4", 2, 4)
     everywhere = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
-    second = GroupDecision(device_groups=[1], option=Option.REPLICATE_ALLREDUCE)
-    groups = [OpGroup(ops=["dense_1/MatMul"], decision=second)] if moved else []
+    decision = {
+        "second machine": GroupDecision(device_groups=[1], option=Option.REPLICATE_ALLREDUCE),
+        "one GPU": GroupDecision(device_groups=[0], option=Option.MODEL_PARALLEL),
+    }
+    groups = [OpGroup(ops=["dense_1/MatMul"], decision=decision[moved])] if moved else []
     resolved = resolve(Strategy(default=everywhere, groups=groups), ir, cluster)
     symmetry = symmetry_classes(place(ir, resolved), cluster)
     assert symmetry is not None
     compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
     across = reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
-    assert across == moved
+    assert across == (moved is not None)
     compilation = _TaskGraphCompilation(compiler, resolved, symmetry.placement, symmetry)
-    if moved:
-        with pytest.raises(Asymmetric, match="another layout"):
+    if stops:
+        with pytest.raises(Asymmetric, match=stops):
             compilation.compile()
     else:
         assert compilation.compile().symmetry is symmetry
-    assert (compiler.compile(resolved, by_class=True).symmetry is None) == moved
+    assert (compiler.compile(resolved, by_class=True).symmetry is None) == across
 
 
 def test_a_placement_without_classes_has_none() -> None:
