@@ -21,9 +21,9 @@ import numpy as np
 
 from bench.report import (
     add_comparison_arguments,
-    before_cells,
     before_note,
     kept_for_later,
+    measured_lines,
     rows_before,
     write_table,
 )
@@ -119,19 +119,19 @@ def main() -> None:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         + ("| ---: | ---: |" if before else "|"),
     ]
-    rows = []
-    for model in args.models:
-        for cluster in args.clusters:
-            row = measure(model, cluster, args.steps, args.seed)
-            rows.append(row)
-            line = (
-                f"| {model} | {cluster} | {row['gpus']} | {row['groups']} | {row['evaluated']} "
-                f"| {row['tasks']:,.0f} | {row['cold_s']:.3f} | {row['warm_s']:.3f} "
-                f"| {row['cold_s'] / row['warm_s']:.2f}x |"
-            )
-            line += before_cells(before.get(row["case"]), "warm_s", row["warm_s"], 3)
-            lines.append(line)
-            print(line, flush=True)
+    rows, measured = measured_lines(
+        ((m, c, args.steps, args.seed) for m in args.models for c in args.clusters),
+        measure,
+        lambda row: (
+            f"| {row['case'].replace(' ', ' | ')} | {row['gpus']} | {row['groups']} "
+            f"| {row['evaluated']} | {row['tasks']:,.0f} | {row['cold_s']:.3f} "
+            f"| {row['warm_s']:.3f} | {row['cold_s'] / row['warm_s']:.2f}x |"
+        ),
+        before,
+        "warm_s",
+        3,
+    )
+    lines += measured
     if kept_for_later(args, rows):
         return
     write_table(

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -70,6 +71,25 @@ def before_cells(old: dict | None, key: str, value: float, digits: int) -> str:
     if not old:
         return ""
     return f" {old[key]:.{digits}f} | {old[key] / value:.2f}x |"
+
+
+def measured_lines(
+    cases: Iterable[tuple],
+    measure: Callable[..., dict],
+    line_of: Callable[[dict], str],
+    before: dict[str, dict],
+    key: str,
+    digits: int,
+) -> tuple[list[dict], list[str]]:
+    """``measure(*case)`` of every case, each row's table line (``line_of``) with the
+    ``--before`` cells of its ``key`` (:func:`before_cells`), printed as it is measured."""
+    rows, lines = [], []
+    for case in cases:
+        row = measure(*case)
+        rows.append(row)
+        lines.append(line_of(row) + before_cells(before.get(row["case"]), key, row[key], digits))
+        print(lines[-1], flush=True)
+    return rows, lines
 
 
 def add_case_run_arguments(parser: argparse.ArgumentParser, out: str) -> None:

@@ -42,9 +42,12 @@ from tagplan.planner.plan import plan
 from tagplan.planner.topology import load_cluster
 
 model, cluster, budget_s, by_class = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+iterations = int(sys.argv[5]) or None
 source = load_graph_source(f"zoo:{model}")
 ir = analyze(source.graph_def, batch_inputs=source.batch_inputs, loss=source.loss)
-options = PlanOptions(budget_s=budget_s, by_class=by_class == "1", patience=None)
+options = PlanOptions(
+    budget_s=budget_s, by_class=by_class == "1", patience=None, iterations=iterations
+)
 result = plan(ir, load_cluster(cluster), options=options)
 print(json.dumps({
     "iterations": result.iterations,
@@ -57,9 +60,12 @@ print(json.dumps({
 """
 
 
-def one_plan(model: str, cluster: str, budget_s: float, by_class: bool) -> dict:
-    """The figures of one plan, planned in a new process."""
-    argv = [model, cluster, str(budget_s), "1" if by_class else "0"]
+def one_plan(
+    model: str, cluster: str, budget_s: float, by_class: bool, iterations: int | None = None
+) -> dict:
+    """The figures of one plan, planned in a new process (``iterations``: the search's,
+    where the budget does not end it first)."""
+    argv = [model, cluster, str(budget_s), "1" if by_class else "0", str(iterations or 0)]
     done = subprocess.run([sys.executable, "-c", _ONE_PLAN, *argv], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{model} on {cluster}: {done.stderr.strip().splitlines()[-1]}")
