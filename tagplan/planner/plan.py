@@ -814,6 +814,7 @@ class Planner:
                     self.evaluator.costs,
                     self.evaluator.comm,
                     time_budget_s=sfb_s / len(contenders),
+                    evaluator=self.evaluator,  # holds what the search compiled
                 )
                 decisions = tuple(found)
             evaluation = self.evaluator.evaluate(strategy)

@@ -297,6 +297,7 @@ def apply_sfb(
     *,
     depth: int = 3,
     time_budget_s: float | None = None,
+    evaluator: Evaluator | None = None,
 ) -> tuple[Strategy, list[SfbDecision]]:
     """Decide sufficient-factor broadcast for every gradient ``strategy`` synchronizes
     (TAG §4.2.3: "double checking opportunities of applying SFB on op groups for which
@@ -314,7 +315,9 @@ def apply_sfb(
     simulator: if the strategy with every chosen subgraph duplicated simulates slower
     than without SFB (or runs out of memory where the other fits), SFB is dropped as a
     whole and the strategy comes back without it. Any ``sfb`` the strategy already has
-    is decided afresh, so applying this twice gives the same strategy.
+    is decided afresh, so applying this twice gives the same strategy. ``evaluator``
+    simulates them (one of this graph and cluster: a planner's, whose compiler already
+    holds most of the strategy's parts); a new one with ``costs`` and ``comm`` otherwise.
 
     Returns the strategy with ``sfb`` filled in and one decision per synchronized
     gradient (``applied`` when the returned strategy duplicates its ops). A pipelined
@@ -353,7 +356,8 @@ def apply_sfb(
     if not chosen:
         return plain, decisions
     with_sfb = plain.model_copy(update={"sfb": chosen})
-    evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
+    if evaluator is None:
+        evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
     before = evaluator.evaluate(plain).result
     after = evaluator.evaluate(with_sfb).result
     if (after.oom and not before.oom) or after.step_time_s > before.step_time_s:

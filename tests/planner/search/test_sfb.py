@@ -160,6 +160,29 @@ class TestApplySfb:
             (d.parameter, d.duplicate_ops) for d in second
         ]
 
+    def test_an_evaluator_handed_in_confirms_the_same_choice(self) -> None:
+        """A planner hands in its own evaluator, whose compiler holds what the search
+        compiled: it simulates the two strategies the choice is confirmed with, and the
+        choice is the one a new evaluator confirms."""
+        ir = mlp_at_batch_4()
+        simulated: list[Strategy] = []
+
+        class Counting(Evaluator):
+            def evaluate(self, strategy: Strategy, **kwargs):
+                simulated.append(strategy)
+                return super().evaluate(strategy, **kwargs)
+
+        evaluator = Counting(ir, two_1080ti())
+        dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
+        alone = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        assert simulated == []
+        handed = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
+        assert handed[0] == alone[0] and handed[0].sfb
+        assert [(d.parameter, d.duplicate_ops, d.applied) for d in handed[1]] == [
+            (d.parameter, d.duplicate_ops, d.applied) for d in alone[1]
+        ]
+        assert [bool(s.sfb) for s in simulated] == [False, True]
+
     def test_ops_outside_replicated_groups_are_never_duplicated(self) -> None:
         """The forward pass model-parallel on GPU 0: its ops cannot be duplicated, so the
         cut stops at them."""
