@@ -122,8 +122,8 @@ def main() -> None:
     rows, measured = measured_lines(
         ((m, c, args.steps, args.seed) for m in args.models for c in args.clusters),
         measure,
-        lambda row: (
-            f"| {row['case'].replace(' ', ' | ')} | {row['gpus']} | {row['groups']} "
+        lambda case, row: (
+            f"| {case[0]} | {case[1]} | {row['gpus']} | {row['groups']} "
             f"| {row['evaluated']} | {row['tasks']:,.0f} | {row['cold_s']:.3f} "
             f"| {row['warm_s']:.3f} | {row['cold_s'] / row['warm_s']:.2f}x |"
         ),

@@ -76,18 +76,20 @@ def before_cells(old: dict | None, key: str, value: float, digits: int) -> str:
 def measured_lines(
     cases: Iterable[tuple],
     measure: Callable[..., dict],
-    line_of: Callable[[dict], str],
+    line_of: Callable[[tuple, dict], str],
     before: dict[str, dict],
     key: str,
     digits: int,
 ) -> tuple[list[dict], list[str]]:
-    """``measure(*case)`` of every case, each row's table line (``line_of``) with the
-    ``--before`` cells of its ``key`` (:func:`before_cells`), printed as it is measured."""
+    """``measure(*case)`` of every case, each row's table line (``line_of(case, row)``)
+    with the ``--before`` cells of its ``key`` (:func:`before_cells`), printed as it is
+    measured."""
     rows, lines = [], []
     for case in cases:
         row = measure(*case)
         rows.append(row)
-        lines.append(line_of(row) + before_cells(before.get(row["case"]), key, row[key], digits))
+        cells = before_cells(before.get(row["case"]), key, row[key], digits)
+        lines.append(line_of(case, row) + cells)
         print(lines[-1], flush=True)
     return rows, lines
 

@@ -65,8 +65,8 @@ def main() -> None:
     rows, measured = measured_lines(
         ((m, c, args.iterations, args.repeats) for m in args.models for c in args.clusters),
         measure,
-        lambda row: (
-            f"| {row['case'].rsplit(' ', 1)[0].replace(' ', ' | ')} | {row['iterations']} "
+        lambda case, row: (
+            f"| {case[0]} | {case[1]} | {row['iterations']} "
             f"| {row['evaluations']} | {row['bounded']} | {row['step_ms']:,.1f} "
             f"| {row['search_s']:.1f} | {', '.join(map(str, row['spread_s']))} |"
         ),

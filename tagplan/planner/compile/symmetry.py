@@ -103,9 +103,9 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
       several GPUs reads or holds them: the rule that gathers or cuts pieces of another
       layout;
     * rows of a producer that is not split, on a class of several GPUs where it has no
-      instance: the whole tensor is cut on a hub, one member's rows after another's.
-      A whole copy that an earlier reader brought to the class would have spared the
-      hub; the answer counts none (it only chooses the cheaper path).
+      instance: the whole tensor is cut on a hub, one member's rows after another's
+      (a whole copy an earlier reader brought to the class would spare the hub; none
+      is counted).
 
     Checked on the quotient placement before compiling, so a strategy that would stop
     is compiled per GPU at once rather than after a partial compile (the search's
