@@ -378,14 +378,16 @@ def resolve(
     decisions: list[GroupDecision] = []
     for index, group in enumerate(strategy.groups):
         where = f"group {index}"
-        for name in group.ops:
-            try:
-                op = ir.op_index(name)
-            except KeyError:
-                raise InvalidInput(f"{where}: op {name!r} is not in the graph") from None
-            if op_group[op] not in (-1, index):
-                raise InvalidInput(f"{where}: op {name!r} is already in group {int(op_group[op])}")
-            op_group[op] = index
+        try:
+            ops = ir.op_indices(group.ops)
+        except KeyError as unknown:
+            raise InvalidInput(f"{where}: op {unknown.args[0]!r} is not in the graph") from None
+        taken = op_group[ops]
+        clash = np.flatnonzero((taken != -1) & (taken != index))
+        if len(clash):
+            name, other = group.ops[clash[0]], int(taken[clash[0]])
+            raise InvalidInput(f"{where}: op {name!r} is already in group {other}")
+        op_group[ops] = index
         decisions.append(group.decision)
     uncovered = op_group < 0
     if uncovered.any():

@@ -86,6 +86,10 @@ def test_unnamed_parameter_servers_go_round_robin_over_the_groups_that_have_one(
             "op 'nope' is not in the graph",
         ),
         (
+            Strategy(groups=[OpGroup(ops=["y", "dy", "gone"], decision=decision())]),
+            "group 0: op 'gone' is not in the graph",
+        ),
+        (
             Strategy(
                 groups=[
                     OpGroup(ops=["y"], decision=decision()),

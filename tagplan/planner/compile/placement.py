@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tagplan.planner.csr import row_ranges
 from tagplan.planner.graph.batch import Aggregation, SplitCategory
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, ResolvedStrategy
@@ -194,81 +195,122 @@ class _GroupLayout:
         self.split = _placed(Mode.SPLIT, split)
 
 
-def _group_layouts(resolved: ResolvedStrategy, batch: int) -> list[_GroupLayout]:
-    """Every group's layout; groups with the same decision share one (``dp-ps`` has a
-    group per parameter, differing only in the PS device)."""
-    shared: dict[tuple, _GroupLayout] = {}
-    layouts = []
+def _group_layouts(resolved: ResolvedStrategy, batch: int) -> tuple[list[_GroupLayout], np.ndarray]:
+    """The distinct layouts of the groups and each group's index among them; groups with
+    the same decision share one (``dp-ps`` has a group per parameter, differing only in
+    the PS device)."""
+    shared: dict[tuple, int] = {}
+    layouts: list[_GroupLayout] = []
+    layout_of = np.zeros(resolved.num_groups, dtype=np.int64)
     for group in range(resolved.num_groups):
         devices, weights = resolved.replicas(group)
         option, ps = int(resolved.group_option[group]), int(resolved.group_ps_device[group])
         micro = int(resolved.group_micro_batches[group])
         key = (option, devices.tobytes(), weights.tobytes(), ps, micro)
         if key not in shared:
-            shared[key] = _GroupLayout(resolved, group, batch)
-        layouts.append(shared[key])
-    return layouts
+            shared[key] = len(layouts)
+            layouts.append(_GroupLayout(resolved, group, batch))
+        layout_of[group] = shared[key]
+    return layouts, layout_of
+
+
+# what a layout places each op as, in the order of its choices (:func:`place`)
+_PARAMETER, _NO_BATCH, _NO_SPLIT, _SPLIT = range(4)
+
+
+def _op_kinds(ir: GraphIR, sfb_op: np.ndarray) -> np.ndarray:
+    """Which of a layout's placements each op takes by the rules of the module docstring,
+    before the partial sums' rule and colocation: variables, optimizer slots and updates
+    (and SFB's duplicated gradient subgraph) first, then cheap non-batch work, ops that
+    cannot be split, and the batch-splittable rest."""
+    reads_batch = has_batch_input(ir)
+    # split-concat without a batch input: rows made from nothing (the examples' positions)
+    makes_rows = (ir.split_category == SplitCategory.SPLIT_CONCAT) & ~reads_batch
+    kinds = np.full(ir.num_ops, _SPLIT, dtype=np.int64)
+    kinds[ir.split_category == SplitCategory.NONE] = _NO_SPLIT  # stateful ops are here too
+    kinds[(~reads_batch & ~makes_rows) | sfb_op] = _NO_BATCH
+    kinds[parameter_ops(ir)] = _PARAMETER
+    return kinds
 
 
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
-    """Apply the placement rules of the module docstring to every op."""
+    """Apply the placement rules of the module docstring to every op. Each op takes one of
+    a few *choices* (a mode and its instances: a layout's placement of one kind of op,
+    or a model-parallel op's GPU), so the rules run over arrays of choice numbers and the
+    instances are gathered once."""
     batch = ir.batch_size
-    reads_batch = has_batch_input(ir)
-    batch_input = reads_batch.tolist()
-    parameter_op = parameter_ops(ir).tolist()
-    no_split = (ir.split_category == SplitCategory.NONE).tolist()
-    adds_partials = sums_partials(ir).tolist()
-    # split-concat without a batch input: rows made from nothing (the examples' positions)
-    makes_rows = ((ir.split_category == SplitCategory.SPLIT_CONCAT) & ~reads_batch).tolist()
-    sfb_op = resolved.sfb_op.tolist()
-    layouts = _group_layouts(resolved, batch)
-    on_device: dict[int, tuple[int, np.ndarray]] = {}  # model-parallel placements
-
-    modes: list[int] = []
-    rows: list[np.ndarray] = []
-    for op, group in enumerate(resolved.op_group.tolist()):
-        layout = layouts[group]
-        if layout.model_parallel:
-            device = int(resolved.op_device[op])
-            if device not in on_device:
-                on_device[device] = _placed(Mode.SINGLE, _rows(np.array([device]), 0, batch))
-            mode, placed = on_device[device]
-        elif parameter_op[op]:  # variables, optimizer slots and updates
-            mode, placed = layout.parameter
-        elif (
-            adds_partials[op]
-            and not sfb_op[op]
-            and all(
-                modes[p] == layout.split[0] and np.array_equal(rows[p], layout.split[1])
-                for p in _partial_producers(ir, op)
-            )
+    layouts, layout_of = _group_layouts(resolved, batch)
+    choices = [
+        placed
+        for layout in layouts
+        for placed in (layout.parameter, layout.no_batch, layout.no_split, layout.split)
+    ]
+    op_group = resolved.op_group.astype(np.int64)
+    choice = layout_of[op_group] * 4 + _op_kinds(ir, resolved.sfb_op)
+    model_parallel = np.array([layout.model_parallel for layout in layouts])[layout_of][op_group]
+    if model_parallel.any():
+        devices, index = np.unique(resolved.op_device[model_parallel], return_inverse=True)
+        choice[model_parallel] = len(choices) + index
+        choices += [_placed(Mode.SINGLE, _rows(np.array([d]), 0, batch)) for d in devices]
+    candidates = sums_partials(ir) & ~resolved.sfb_op & ~parameter_ops(ir) & ~model_parallel
+    for op in np.flatnonzero(candidates).tolist():  # in graph order: producers first
+        split = int(layout_of[op_group[op]]) * 4 + _SPLIT
+        if all(
+            _same_placement(choices[int(choice[p])], choices[split])
+            for p in _partial_producers(ir, op)
         ):
-            mode, placed = layout.split
-        elif (not batch_input[op] and not makes_rows[op]) or sfb_op[op]:
-            mode, placed = layout.no_batch
-        elif no_split[op]:  # stateful ops are here too
-            mode, placed = layout.no_split
-        else:
-            mode, placed = layout.split
-        modes.append(mode)
-        rows.append(placed)
+            choice[op] = split
+    _follow_variables(ir, choices, choice)
+    return _gathered(choices, choice, batch)
 
-    # colocated ops (reads, updates, slots) follow their variable's placement
-    variable_of, split_mode = _variable_of_class(ir), int(Mode.SPLIT)
-    for op, colocation in enumerate(ir.colocation.tolist()):
-        variable = variable_of.get(colocation)
-        if variable is None or variable == op:
-            continue
-        mirrors = set(rows[variable][:, 0].tolist())
-        if modes[op] == split_mode and mirrors.issuperset(rows[op][:, 0].tolist()):
-            continue  # a split read (an embedding lookup) of a variable mirrored on its GPUs
-        modes[op], rows[op] = modes[variable], rows[variable]
 
-    ptr = np.zeros(ir.num_ops + 1, dtype=np.int32)
-    ptr[1:] = np.cumsum([len(r) for r in rows])
-    flat = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int32)
+def _same_placement(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> bool:
+    return a is b or (a[0] == b[0] and np.array_equal(a[1], b[1]))
+
+
+def _follow_variables(
+    ir: GraphIR, choices: list[tuple[int, np.ndarray]], choice: np.ndarray
+) -> None:
+    """Colocated ops (reads, updates, slots) take their variable's choice, but for a split
+    read (an embedding lookup) of a variable mirrored on its GPUs."""
+    variable_of = _variable_of_class(ir)
+    if not variable_of:
+        return
+    classes = np.fromiter(variable_of.keys(), dtype=np.int64)
+    variables = np.fromiter(variable_of.values(), dtype=np.int64)
+    order = np.argsort(classes)
+    classes, variables = classes[order], variables[order]
+    colocation = ir.colocation.astype(np.int64)
+    at = np.minimum(np.searchsorted(classes, colocation), len(classes) - 1)
+    variable = np.where(classes[at] == colocation, variables[at], -1)
+    follows = np.flatnonzero((variable >= 0) & (variable != np.arange(ir.num_ops)))
+    pairs = np.stack([choice[follows], choice[variable[follows]]], axis=1)
+    unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    split_mode = int(Mode.SPLIT)
+    keeps = np.array(
+        [
+            choices[own][0] == split_mode
+            and set(choices[mirror][1][:, 0].tolist()).issuperset(choices[own][1][:, 0].tolist())
+            for own, mirror in unique.tolist()
+        ],
+        dtype=bool,
+    )
+    moved = ~keeps[inverse.reshape(-1)]
+    choice[follows[moved]] = choice[variable[follows[moved]]]
+
+
+def _gathered(choices: list[tuple[int, np.ndarray]], choice: np.ndarray, batch: int) -> Placement:
+    """The placement of ops taking ``choices[choice[op]]``."""
+    rows = [placed[1] for placed in choices]
+    choice_ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    choice_ptr[1:] = np.cumsum([len(r) for r in rows])
+    instances, counts = row_ranges(choice_ptr, choice)
+    flat = np.concatenate(rows)[instances]
+    ptr = np.zeros(len(choice) + 1, dtype=np.int32)
+    ptr[1:] = np.cumsum(counts)
+    modes = np.array([placed[0] for placed in choices], dtype=np.int8)
     return Placement(
-        op_mode=np.array(modes, dtype=np.int8),
+        op_mode=modes[choice],
         inst_ptr=ptr,
         inst_device=np.ascontiguousarray(flat[:, 0]),
         inst_lo=np.ascontiguousarray(flat[:, 1]),

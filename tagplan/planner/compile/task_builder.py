@@ -187,17 +187,25 @@ class TaskBuilder:
     def compute_tasks(self, devices: list[int], group: int, names: list[str]) -> list[int]:
         """Consecutive compute tasks, one per device, their seconds left at zero for the
         caller to set; what :meth:`task` does for many."""
+        first = self.zero_time_tasks(COMPUTE, devices, [group] * len(devices), names)
+        return list(range(first, first + len(devices)))
+
+    def zero_time_tasks(
+        self, kind: int, devices: list[int], groups: list[int], names: list[str]
+    ) -> int:
+        """Consecutive tasks of ``kind`` without links, their seconds at zero (compute
+        tasks' for the caller to set); the first one's number."""
         count, first = len(devices), len(self.kind)
-        self.kind.extend([COMPUTE] * count)
+        self.kind.extend([kind] * count)
         self.device.extend(devices)
         self.duration.extend([0.0] * count)
-        self.group.extend([group] * count)
+        self.group.extend(groups)
         self.nbytes.extend([0] * count)
         self.latency.extend([0.0] * count)
         self.names.extend(names)
         self.origin.extend([self.made_for] * count)
         self.link_count.extend([0] * count)
-        return list(range(first, first + count))
+        return first
 
     def reads(self, copies: Sequence[Piece], tasks: list[int]) -> None:
         """Each of ``tasks`` reads its copy, made by an earlier task (see :meth:`read`)."""

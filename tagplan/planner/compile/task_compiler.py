@@ -95,6 +95,7 @@ from tagplan.planner.compile.walk import Crossing, Walk, default_walk
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.memory import op_memory
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.csr import row_ranges
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.sim.taskgraph import COLLECTIVE, COMPUTE, TRANSFER, TaskGraph
 from tagplan.planner.strategy import Collective, Mode, ResolvedStrategy
@@ -1204,16 +1205,42 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         pred_inst, succ_inst = _all_pairs(ptr, pred_op, succ_op, ~gated[succ_op])
         preds.append(instance_task[pred_inst].astype(np.int64))
         succs.append(instance_task[succ_inst].astype(np.int64))
-        for op in np.flatnonzero(gated).tolist():
-            barrier = self.out.task(
-                TRANSFER, -1, 0.0, self.op_group[op], f"{ir.op_names[op]}/control_barrier"
-            )
-            waits = np.concatenate(
-                [np.arange(ptr[p], ptr[p + 1]) for p in pred_op[succ_op == op].tolist()]
-            )
-            preds += [instance_task[waits], np.full(ptr[op + 1] - ptr[op], barrier)]
-            succs += [np.full(len(waits), barrier), instance_task[ptr[op] : ptr[op + 1]]]
-        return np.concatenate(preds).astype(np.int64), np.concatenate(succs).astype(np.int64)
+        barriers = self._control_barriers(ptr, pred_op, succ_op, gated, instance_task)
+        pred, succ = np.concatenate(preds), np.concatenate(succs)
+        return np.concatenate([pred, barriers[0]]), np.concatenate([succ, barriers[1]])
+
+    def _control_barriers(
+        self,
+        ptr: np.ndarray,
+        pred_op: np.ndarray,
+        succ_op: np.ndarray,
+        gated: np.ndarray,
+        instance_task: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One barrier task per ``gated`` op (:meth:`_control_edges`): its edges from the
+        instances of the op's control predecessors (``pred_op`` -> ``succ_op``, grouped
+        by ``succ_op``), then to the op's own instances, op by op."""
+        ops = np.flatnonzero(gated)
+        names = self.fixed.ir.op_names
+        first = self.out.zero_time_tasks(
+            TRANSFER,
+            [-1] * len(ops),
+            [self.op_group[op] for op in ops.tolist()],
+            [f"{names[op]}/control_barrier" for op in ops.tolist()],
+        )
+        barrier_of = np.zeros(len(gated), dtype=np.int64)
+        barrier_of[ops] = first + np.arange(len(ops))
+        waiting = gated[succ_op]
+        waits, counts = row_ranges(ptr, pred_op[waiting])
+        waiter = np.repeat(succ_op[waiting], counts)
+        released, counts = row_ranges(ptr, ops)
+        releaser = np.repeat(ops, counts)
+        order = np.argsort(  # op by op, its waits before its releases, stable
+            np.concatenate([2 * waiter, 2 * releaser + 1]), kind="stable"
+        )
+        pred = np.concatenate([instance_task[waits], barrier_of[releaser]])
+        succ = np.concatenate([barrier_of[waiter], instance_task[released]])
+        return pred[order].astype(np.int64), succ[order].astype(np.int64)
 
     def _persistent_bytes(self) -> np.ndarray:
         """Variable bytes resident on each device: every instance of a variable holds them."""

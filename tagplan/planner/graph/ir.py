@@ -12,6 +12,7 @@ Byte counts and shapes are at the job's batch size.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -122,6 +123,16 @@ class GraphIR:
         if name in self.aliases:
             return self.aliases[name]
         return self._name_index()[name]
+
+    def op_indices(self, names: Sequence[str]) -> np.ndarray:
+        """:meth:`op_index` of each of ``names``; ``KeyError`` names the first unknown."""
+        index, aliases = self._name_index(), self.aliases
+        try:
+            return np.array(
+                [aliases[n] if n in aliases else index[n] for n in names], dtype=np.int64
+            )
+        except KeyError:
+            raise KeyError(next(n for n in names if n not in aliases and n not in index)) from None
 
     def _name_index(self) -> dict[str, int]:
         cached = self.__dict__.get("_names")

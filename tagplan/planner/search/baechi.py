@@ -50,6 +50,7 @@ import pulp
 
 from tagplan.planner.cost.memory import FRAMEWORK_RESERVE_BYTES, op_memory
 from tagplan.planner.cost.op_time import OpCostModel
+from tagplan.planner.csr import row_ranges
 from tagplan.planner.errors import BudgetExhausted, InvalidInput
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.search.grouping import atoms_of
@@ -358,13 +359,6 @@ class OpGraph:
         return rank
 
 
-def _ranges(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated ``arange(ptr[r], ptr[r + 1])`` over ``rows``, and each one's length."""
-    lengths = ptr[rows + 1] - ptr[rows]
-    offsets = np.repeat(ptr[rows] - np.cumsum(lengths) + lengths, lengths)
-    return offsets + np.arange(int(lengths.sum())), lengths
-
-
 class _ListScheduler:
     """Baechi's execution simulator for m-ETF and m-SCT (§2.3, §2.4, §3.4, §4.2).
 
@@ -502,7 +496,7 @@ class _ListScheduler:
     def _data_ready(self, ops: np.ndarray) -> np.ndarray:
         """When each op's inputs could be on each device (ops x devices), each input edge
         sent now through both ends' queues (Baechi's estimate: one edge at a time)."""
-        slots, lengths = _ranges(self.in_ptr, ops)
+        slots, lengths = row_ranges(self.in_ptr, ops)
         edges = self.in_order[slots]
         producer = self.graph.src[edges]
         source = self.device_of_op[producer]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tagplan.planner.graph.analyzer import analyze
 from tests.planner.graph.builders import dense_graph, graph_def, node, op, scalar
 
@@ -32,6 +34,11 @@ def test_dangling_identity_and_noop_are_dropped_with_names_kept() -> None:
     assert "dw_id" not in ir.op_names
     # a dropped identity maps to the op it folds into
     assert ir.op_index("dw_id2") == ir.op_names.index("dw")
+    names = ["update_w", "dw_id2", "dw"]
+    expected = [ir.op_names.index(n) for n in ("update_w", "dw", "dw")]
+    assert ir.op_indices(names).tolist() == expected
+    with pytest.raises(KeyError, match="init_w"):  # dropped as dangling: no op stands for it
+        ir.op_indices(["dw", "init_w", "also_missing"])
 
 
 def test_bypassed_identity_passes_on_its_tensor_and_control_edges() -> None:
