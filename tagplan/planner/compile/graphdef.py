@@ -65,6 +65,7 @@ through every call.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -357,7 +358,7 @@ def _prototype(op: str, attrs: Mapping[str, Any]) -> Any:
     for attr, value in attrs.items():
         if isinstance(value, bool):
             node.attr[attr].b = value
-        elif attr in ("T", "dtype", "Index", "Tidx"):
+        elif attr in ("T", "dtype", "Index", "Tidx", "Tlen"):
             node.attr[attr].type = value
         elif isinstance(value, int):
             node.attr[attr].i = value
@@ -663,6 +664,42 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         piece = _Copy(device, lo, hi, SLICE, name)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
+
+    def _split(
+        self, tensor: int, source: _Copy, rows: list[tuple[int, int, int]], reader: int
+    ) -> list[_Copy]:
+        """A ``SplitV`` of ``source`` (a whole copy) along the batch axis into the pieces
+        ``rows`` (the rows between them, unread, as outputs of their own)."""
+        shape = self.ir.tensor_shapes[tensor]
+        if shape is None:
+            raise InvalidInput(f"cannot split {self._label(tensor)}: its rank is unknown")
+        axis, batch = int(self.ir.tensor_batch_axis[tensor]), self.ir.batch_size
+        wanted = [(lo, hi) for lo, hi, _ in rows]
+        bounds = sorted({0, batch, *(b for piece in wanted for b in piece)})
+        pieces = list(itertools.pairwise(bounds))
+        scale = shape[axis] if shape[axis] >= 0 else batch  # the batch axis's length
+        sizes = np.diff([scale * b // batch for b in bounds]).astype(np.int32)
+        sizes[-1] = -1  # the rest, whatever the runtime length
+        device = source.device
+        where, label = self.devices[device], f"{self._label(tensor)}/split_{len(pieces)}"
+        consts = [
+            self.out.const(f"{label}/sizes_d{device}", where, sizes, _DT_INT32),
+            self.out.const(f"{label}/axis_d{device}", where, np.array(axis), _DT_INT32),
+        ]
+        name = self.out.name(f"{label}_d{device}")
+        self.out.node(
+            name,
+            "SplitV",
+            where,
+            [source.ref, *consts],
+            [self._shape(tensor, lo, hi) for lo, hi in pieces],
+            T=self._dtype(tensor),
+            Tlen=_DT_INT32,
+            num_split=len(pieces),
+        )
+        self.auxiliary.append(("split", (name,)))
+        output = {piece: name if k == 0 else f"{name}:{k}" for k, piece in enumerate(pieces)}
+        return [_Copy(device, lo, hi, SLICE, output[(lo, hi)]) for lo, hi in wanted]
 
     def _partial(self, tensor: int, device: int, lo: int, hi: int) -> _Copy:
         """The partial sum of the replica over rows ``[lo, hi)`` on ``device`` (a split op

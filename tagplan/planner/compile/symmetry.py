@@ -29,7 +29,9 @@ The invariance holds for the compiler's rules only while no rule singles out one
 a whole copy held by every member of a class and fetched from its first (the copy the
 closest rule picks), a hub that is a member of a class, a class gathering slices whose
 first member would then hand the whole tensor to the rest, replicas reading rows laid out
-differently. The compiler raises :class:`Asymmetric` there and the evaluator compiles the
+differently (a hub that is no member, a GPU holding a whole tensor a class reads rows
+of, cuts every member's rows in one ``Split``, so they arrive alike). The compiler raises
+:class:`Asymmetric` there and the evaluator compiles the
 strategy per GPU instead (:class:`~tagplan.planner.evaluate.Evaluator`), which stays the
 reference (``by_class=False``). The most common of these, replicas reading rows laid out
 differently, is seen in the quotient placement before compiling
@@ -95,17 +97,11 @@ def _device_signatures(placement: Placement, num_devices: int) -> np.ndarray:
 
 
 def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray) -> bool:
-    """Whether a split op reads rows of a producer's batch tensor (``producer[i]`` ->
-    ``reader[i]``) in a way that singles out members of a class (:class:`Asymmetric`),
-    so the compile would stop there:
-
-    * rows of a split producer that no piece of it holds as they are, where a class of
-      several GPUs reads or holds them: the rule that gathers or cuts pieces of another
-      layout;
-    * rows of a producer that is not split, on a class of several GPUs where it has no
-      instance: the whole tensor is cut on a hub, one member's rows after another's
-      (a whole copy an earlier reader brought to the class would spare the hub; none
-      is counted).
+    """Whether a split op reads rows of a split producer's batch tensor (``producer[i]``
+    -> ``reader[i]``) that no piece of it holds as they are, where a class of several
+    GPUs reads or holds them: the rule that gathers or cuts pieces of another layout,
+    which singles out members of a class (:class:`Asymmetric`), so the compile would
+    stop there.
 
     Checked on the quotient placement before compiling, so a strategy that would stop
     is compiled per GPU at once rather than after a partial compile (the search's
@@ -116,9 +112,6 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
     ptr = quotient.inst_ptr
     device, lo, hi = quotient.inst_device, quotient.inst_lo, quotient.inst_hi
     split = quotient.op_mode == Mode.SPLIT
-    whole = ~split[producer] & split[reader]
-    if _cut_on_a_hub(quotient, members, producer[whole], reader[whole]):
-        return True
     batch = np.uint64(quotient.batch_size + 1)
     rows = (device.astype(np.uint64) * batch + lo.astype(np.uint64)) * batch
     key = _mixed(rows + hi.astype(np.uint64))
@@ -137,20 +130,6 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
                 continue
             covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
             if members[device[i]] > 1 or any(members[device[j]] > 1 for j in covering):
-                return True
-    return False
-
-
-def _cut_on_a_hub(
-    quotient: Placement, members: np.ndarray, producer: np.ndarray, reader: np.ndarray
-) -> bool:
-    """Whether some ``reader[i]`` has an instance on a class of several GPUs where
-    ``producer[i]`` has none."""
-    ptr, device = quotient.inst_ptr, quotient.inst_device
-    for p, r in set(zip(producer.tolist(), reader.tolist(), strict=True)):
-        held = set(device[ptr[p] : ptr[p + 1]].tolist())
-        for d in device[ptr[r] : ptr[r + 1]].tolist():
-            if members[d] > 1 and d not in held:
                 return True
     return False
 

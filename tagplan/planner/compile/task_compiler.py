@@ -115,7 +115,8 @@ class _Copy(NamedTuple):
     Compiled by symmetry class (:mod:`.symmetry`), a copy on a representative is every
     member's: a piece (slice, partial, per-replica value) covers the class's rows, each
     member holding its own share of them; ``count`` pieces gathered from a class arrive
-    at each member as one buffer."""
+    at each member as one buffer. A piece a hub cut for a class (``shared_by`` its
+    members) holds every member's rows, each member fetching its own."""
 
     device: int
     lo: int
@@ -124,6 +125,7 @@ class _Copy(NamedTuple):
     task: int
     buffer: int
     count: int = 1
+    shared_by: int = 0  # GPUs sharing the rows, when not the class of ``device``
 
 
 class _Collective(NamedTuple):
@@ -524,15 +526,18 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
     def _piece_members(self, copy: _Copy) -> int:
         """How many GPUs share the rows of ``copy`` (1 for a whole tensor)."""
-        return 1 if copy.kind == FULL else self.members[copy.device]
+        if copy.kind == FULL:
+            return 1
+        return copy.shared_by or self.members[copy.device]
 
     def _flows(self, copy: _Copy, dst: int) -> tuple[int, int]:
         """Flows per sending and per receiving GPU when the classes of ``copy`` and
-        ``dst`` exchange it (:mod:`.symmetry`): a whole copy from one GPU to each member;
-        each member's piece to one GPU; or member to member between classes with the same
-        rows. Anything else singles out a member."""
+        ``dst`` exchange it (:mod:`.symmetry`): a whole copy, or the pieces a hub cut for
+        a class, from one GPU to each member; each member's piece to one GPU; or member
+        to member between classes with the same rows. Anything else singles out a
+        member."""
         senders, receivers = self.members[copy.device], self.members[dst]
-        if copy.kind == FULL:
+        if copy.kind == FULL or copy.shared_by:
             if senders > 1:
                 raise Asymmetric("a whole copy fetched from one member of a class")
             return receivers, 1
@@ -737,6 +742,29 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         piece = _Copy(device, lo, hi, SLICE, task, buffer)
         self.cache[(tensor, device, lo, hi)] = piece
         return piece
+
+    def _split(
+        self, tensor: int, source: _Copy, rows: list[tuple[int, int, int]], reader: int
+    ) -> list[_Copy]:
+        """One ``Split`` task on ``source``'s GPU moving every piece's bytes (a class's
+        piece holds all its members' rows), a buffer per piece."""
+        device = source.device
+        per_gpu = [self._bytes(tensor, lo, hi, members=m) * m for lo, hi, m in rows]
+        task = self.out.task(
+            COMPUTE,
+            device,
+            self.fixed.aux_seconds(device, 2 * sum(per_gpu)),
+            self.op_group[reader],
+            f"split {self.fixed.tensor_names[tensor]} into {len(rows)} on "
+            f"{self.fixed.device_names[device]}",
+        )
+        self.out.read(source, task)
+        pieces = []
+        for lo, hi, members in rows:
+            memory = self._bytes(tensor, lo, hi, memory=True, members=members) * members
+            buffer = self.out.buffer(device, memory, task)
+            pieces.append(_Copy(device, lo, hi, SLICE, task, buffer, shared_by=members))
+        return pieces
 
     def _waits(self, collectives: Sequence[_Collective]) -> frozenset[int]:
         """Every task ``collectives`` wait for."""

@@ -18,8 +18,10 @@ The rules, for a reader on ``device``:
   joined there;
 * **rows of a batch tensor** (:meth:`~TransportRules._slice`): those rows already there or
   a piece holding exactly them, moved; else the adjacent pieces that cover them, joined and
-  cut; else a whole copy (where the reader is, or on the hub: the first GPU holding a whole
-  copy, else the first producer) cut and moved;
+  cut; else a whole copy where the reader is, cut there; else the hub (the first GPU
+  holding a whole copy, else the first producer) cuts the rows of every instance of the
+  reader it serves in one split (:meth:`~TransportRules._split_on_hub`), and each piece
+  is moved;
 * **partial results** (:meth:`~TransportRules._reduce`): one AllReduce when every GPU
   holding a partial reads the sum (mirrored parameter updates); otherwise, micro-batches'
   partial sums added up on their GPU first (gradient accumulation), then one sum where
@@ -131,6 +133,7 @@ class TransportRules(Generic[C]):
         self.copies: defaultdict[int, list[C]] = defaultdict(list)  # by tensor
         self.cache: dict[tuple[int, int, int, int], C] = {}  # (tensor, device, lo, hi)
         self.partials: dict[tuple[int, int, int, int], C] = {}  # partial sums, same key
+        self.hub_pieces: dict[tuple[int, int, int, int], C] = {}  # cut on a hub, same key
         # per-replica values (batch statistics, shapes) by tensor, then device
         self.replica_values: dict[int, dict[int, list[C]]] = {}
         # the gradients' AllReduces (each with its op group, members and bytes), awaiting
@@ -151,6 +154,14 @@ class TransportRules(Generic[C]):
     def _cut(self, tensor: int, source: C, lo: int, hi: int, reader: int, members: int) -> C:
         """Rows ``[lo, hi)`` cut out of ``source`` where it is, for ``members`` GPUs of
         one class (1 outside classes), cached there."""
+        raise NotImplementedError
+
+    def _split(
+        self, tensor: int, source: C, rows: list[tuple[int, int, int]], reader: int
+    ) -> list[C]:
+        """One op on ``source``'s GPU cutting a piece out of it for each ``(lo, hi,
+        members)`` of ``rows`` (rows ``[lo, hi)`` shared by ``members`` GPUs of one
+        class), the pieces in that order."""
         raise NotImplementedError
 
     def _allreduce(
@@ -178,6 +189,15 @@ class TransportRules(Generic[C]):
     def _reader_devices(self, reader: int) -> set[int]:
         """The GPUs ``reader`` has instances on (the back end's ``placement``)."""
         return set(self.placement.devices(reader).tolist())
+
+    def _reader_rows(self, reader: int) -> list[tuple[int, int, int]]:
+        """``(device, lo, hi)`` of each instance of ``reader`` (the back end's
+        ``placement``)."""
+        placement = self.placement
+        return [
+            (int(placement.inst_device[i]), int(placement.inst_lo[i]), int(placement.inst_hi[i]))
+            for i in placement.instances(reader)
+        ]
 
     def _micro_batched(self, tensor: int) -> bool:
         """Whether ``tensor``'s producer runs per micro-batch (the back end's
@@ -284,12 +304,45 @@ class TransportRules(Generic[C]):
                 covering = [joined]
             piece = self._cut(tensor, covering[0], lo, hi, reader, 1)
             return self._local(tensor, piece, device, reader)
-        source = device if whole_here is not None else self._hub(tensor)
-        if source != device:  # one cut per member, in turn
-            self._single(device, "a hub splits a tensor for the members of a class")
-        whole = self._full(tensor, source, reader)
-        piece = self._cut(tensor, whole, lo, hi, reader, self._class_size(device))
+        if whole_here is not None:
+            piece = self._cut(tensor, whole_here, lo, hi, reader, self._class_size(device))
+            return self._local(tensor, piece, device, reader)
+        hub = self._hub(tensor)
+        if hub == device:
+            whole = self._full(tensor, device, reader)
+            piece = self._cut(tensor, whole, lo, hi, reader, self._class_size(device))
+            return self._local(tensor, piece, device, reader)
+        piece = self.hub_pieces.get((tensor, hub, lo, hi))
+        if piece is None:
+            self._split_on_hub(tensor, hub, reader)
+            piece = self.hub_pieces[(tensor, hub, lo, hi)]
         return self._local(tensor, piece, device, reader)
+
+    def _split_on_hub(self, tensor: int, hub: int, reader: int) -> None:
+        """The rows of every instance of ``reader`` that the hub serves (:meth:`_slice`'s
+        last resort, decided per instance as :meth:`_slice` would), cut out of the hub's
+        whole copy by one split and kept there (apart from the cache: compiled by class, a
+        class's piece may hold every row, as a whole copy does): the pieces are ready
+        together, as one ``Split`` makes them, so the members of a class receive theirs
+        alike."""
+        whole = self._full(tensor, hub, reader)
+        cache, batch = self.cache, self.batch
+        slices = [c for c in self.copies[tensor] if c.kind == SLICE]
+        rows: list[tuple[int, int, int]] = []
+        for device, lo, hi in self._reader_rows(reader):
+            if (
+                device == hub
+                or (tensor, device, lo, hi) in cache
+                or (tensor, device, 0, batch) in cache
+                or (tensor, hub, lo, hi) in self.hub_pieces
+                or any((c.lo, c.hi) == (lo, hi) for c in slices)
+                or (slices and covering_pieces(slices, lo, hi, lambda c: c[0]) is not None)
+            ):
+                continue
+            rows.append((lo, hi, self._class_size(device)))
+        pieces = self._split(tensor, whole, rows, reader)
+        for (lo, hi, _), piece in zip(rows, pieces, strict=True):
+            self.hub_pieces[(tensor, hub, lo, hi)] = piece
 
     def _same_replica(self, tensor: int, device: int, lo: int, hi: int) -> C | None:
         """Per-replica batch statistics and shapes are used where they are, as in every

@@ -48,6 +48,7 @@ STRATEGIES = (
     "partial-ps",
     "model-parallel",
     "duplicate",
+    "hub",
     "bucketed",
     "bucketed-apart",
     "pipeline",
@@ -104,6 +105,9 @@ def strategy(name: str, ir: GraphIR, cluster: Cluster, layer: str) -> Strategy:
         return Strategy(
             name=name, groups=[OpGroup(ops=apart, decision=decision)], default=everywhere
         )
+    if name == "hub":  # a layer on one GPU, whose output a hub splits for the replicas after it
+        alone = GroupDecision(device_groups=[1], option=AR, replicas={"m1/GPU:0": 0})
+        return Strategy(name=name, groups=[OpGroup(ops=apart, decision=alone)], default=everywhere)
     if name == "sfb":  # weight gradients by sufficient-factor broadcast where it pays
         free = np.zeros(ir.num_ops)  # compute is free: only bytes decide (TAG §4.2.3)
         replicas = cluster.num_devices
@@ -200,7 +204,7 @@ def test_instances_and_auxiliary_ops_agree_with_the_task_graph(model, name, clus
     # the same gradient buckets, in the same order (one shared rule)
     fused = [int(n.rsplit(" ", 1)[1]) for n in graph.task_names if n.startswith("bucket of ")]
     assert list(bucket_barriers(distributed).values()) == fused
-    ops = {"split": {"Slice", "Placeholder"}, "concat": {"ConcatV2"}, "addn": {"AddN"}}
+    ops = {"split": {"Slice", "SplitV", "Placeholder"}, "concat": {"ConcatV2"}, "addn": {"AddN"}}
     ops["allreduce"] = {"NcclAllReduce", "CollectiveReduceV2"}
     for kind, names in distributed.auxiliary:
         assert {by_name[n].op for n in names} <= ops[kind]

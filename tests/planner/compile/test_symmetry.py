@@ -158,18 +158,18 @@ def test_classes_and_quotient_placement_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("moved", "stops"),
-    [(None, None), ("second machine", "another layout"), ("one GPU", "a hub splits")],
+    [(None, None), ("second machine", "another layout"), ("one GPU", None)],
 )
 def test_reads_across_layouts_foretells_the_compile_stopping(
     moved: str | None, stops: str | None
 ) -> None:
     """Data parallelism on two machines of four GPUs, and one layer's matmul ``moved``:
     data-parallel on the second machine alone, so it reads rows of the first layer's
-    output that no class holds as they are; or model-parallel on one GPU, so the
-    data-parallel op after it reads its rows of a whole tensor that only that GPU holds,
-    cut there for one member of a class after another. The check on the quotient
-    placement says so before compiling, and the compile by class, tried anyway, stops
-    there."""
+    output that no class holds as they are: the check on the quotient placement says so
+    before compiling, and the compile by class, tried anyway, stops there. Or
+    model-parallel on one GPU, so the data-parallel op after it reads its rows of a whole
+    tensor that only that GPU holds: one split there cuts every member's rows, the
+    strategy compiles by class and simulates as it does per GPU."""
     ir = _zoo("mlp")
     cluster = gpus("T4", 2, 4)
     everywhere = GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE)
@@ -183,7 +183,7 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
     assert symmetry is not None
     compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
     across = reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
-    assert across == (moved is not None)
+    assert across == (stops is not None)
     compilation = _TaskGraphCompilation(compiler, resolved, symmetry.placement, symmetry)
     if stops:
         with pytest.raises(Asymmetric, match=stops):
@@ -191,6 +191,7 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
     else:
         assert compilation.compile().symmetry is symmetry
     assert (compiler.compile(resolved, by_class=True).symmetry is None) == across
+    assert _same(Evaluator(ir, cluster), Strategy(default=everywhere, groups=groups)) != across
 
 
 def test_a_placement_without_classes_has_none() -> None:

@@ -23,9 +23,15 @@ class Piece(NamedTuple):
 class Recorder(TransportRules[Piece]):
     """Emits nothing but a log of what the rules asked for."""
 
-    def __init__(self, readers: set[int], *, micro_batched: bool = False) -> None:
+    def __init__(
+        self,
+        readers: set[int],
+        *,
+        micro_batched: bool = False,
+        rows: list[tuple[int, int, int]] | None = None,
+    ) -> None:
         super().__init__(None, BATCH, MACHINE)  # no gradients: no strategy to sync them
-        self.readers, self.micro = readers, micro_batched
+        self.readers, self.micro, self.rows = readers, micro_batched, rows or []
         self.log: list[tuple] = []
 
     def _move(self, tensor: int, copy: Piece, device: int, reader: int) -> Piece:
@@ -43,6 +49,10 @@ class Recorder(TransportRules[Piece]):
         piece = Piece(source.device, lo, hi, SLICE, "cut")
         self.cache[(tensor, source.device, lo, hi)] = piece
         return piece
+
+    def _split(self, tensor, source, rows, reader) -> list[Piece]:
+        self.log.append(("split", source.device, [(lo, hi) for lo, hi, _ in rows]))
+        return [Piece(source.device, lo, hi, SLICE, "split") for lo, hi, _ in rows]
 
     def _allreduce(self, tensor, partial, members, reader) -> None:
         self.log.append(("allreduce", members))
@@ -62,6 +72,9 @@ class Recorder(TransportRules[Piece]):
 
     def _micro_batched(self, tensor: int) -> bool:
         return self.micro
+
+    def _reader_rows(self, reader: int) -> list[tuple[int, int, int]]:
+        return self.rows
 
 
 def produced(rules: Recorder, *pieces: Piece) -> None:
@@ -111,10 +124,17 @@ def test_rows_across_two_pieces_are_joined_where_read_then_cut() -> None:
     ]
 
 
-def test_rows_of_a_whole_tensor_are_cut_on_the_hub_and_moved() -> None:
-    rules = Recorder({0})
-    produced(rules, Piece(2, 0, BATCH, FULL))
-    piece = rules._slice(0, 0, 0, 4, reader=0)
-    assert (piece.device, piece.lo, piece.hi) == (0, 0, 4)
-    assert rules.log == [("cut", 2, 0, 4), ("move", 2, 0, 0, 4)]
-    assert rules._slice(0, 0, 0, 4, reader=0) == piece  # cached where it is read
+def test_rows_of_a_whole_tensor_are_cut_on_the_hub_in_one_split_and_moved() -> None:
+    """The reader has an instance on every GPU; the first whole copy (GPU 2) is the hub.
+    One split there cuts the rows of the instances it serves (not its own, not GPU 3's,
+    which holds a whole copy); each piece moves when its instance reads it."""
+    rules = Recorder({0}, rows=[(0, 0, 2), (1, 2, 4), (2, 4, 6), (3, 6, 8)])
+    produced(rules, Piece(2, 0, BATCH, FULL), Piece(3, 0, BATCH, FULL))
+    piece = rules._slice(0, 0, 0, 2, reader=0)
+    assert (piece.device, piece.lo, piece.hi) == (0, 0, 2)
+    assert rules.log == [("split", 2, [(0, 2), (2, 4)]), ("move", 2, 0, 0, 2)]
+    assert rules._slice(0, 0, 0, 2, reader=0) == piece  # cached where it is read
+    rules._slice(0, 1, 2, 4, reader=0)
+    rules._slice(0, 2, 4, 6, reader=0)
+    rules._slice(0, 3, 6, 8, reader=0)
+    assert rules.log[2:] == [("move", 2, 1, 2, 4), ("cut", 2, 4, 6), ("cut", 3, 6, 8)]
