@@ -188,12 +188,13 @@ _Ready = list[_Copy] | _Block  # the copies every instance of an op reads, in or
 
 class _Exported(NamedTuple):
     """What a fragment leaves of one tensor that other chunks read, where the rules look
-    it up: its copies, whole copies and slices by rows, partial sums, per-replica values
-    by GPU, and its block if not yet turned into copies."""
+    it up: its copies, whole copies and slices by rows, partial sums, the pieces a hub
+    cut, per-replica values by GPU, and its block if not yet turned into copies."""
 
     copies: tuple[_Copy, ...]
     cache: tuple[tuple[tuple[int, int, int, int], _Copy], ...]
     partials: tuple[tuple[tuple[int, int, int, int], _Copy], ...]
+    hub_pieces: tuple[tuple[tuple[int, int, int, int], _Copy], ...]
     replica_values: tuple[tuple[int, tuple[_Copy, ...]], ...]
     block: _Block | None
 
@@ -1087,19 +1088,15 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         """What the rules keep of each of ``tensors``."""
         if not tensors:
             return {}
-        cache: dict[int, list] = {t: [] for t in tensors}
-        for item in self.cache.items():
-            if item[0][0] in cache:
-                cache[item[0][0]].append(item)
-        partials: dict[int, list] = {t: [] for t in tensors}
-        for item in self.partials.items():
-            if item[0][0] in partials:
-                partials[item[0][0]].append(item)
+        cache, partials, hub_pieces = (
+            _by_tensor(kept, tensors) for kept in (self.cache, self.partials, self.hub_pieces)
+        )
         return {
             t: _Exported(
                 tuple(self.copies.get(t, ())),
-                tuple(cache[t]),
-                tuple(partials[t]),
+                cache[t],
+                partials[t],
+                hub_pieces[t],
                 tuple((d, tuple(c)) for d, c in self.replica_values.get(t, {}).items()),
                 self.pending.get(t),
             )
@@ -1114,13 +1111,14 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         exported = fragments[crossing.chunk].exported
 
         def moved(c: _Copy) -> _Copy:
-            return _Copy(c.device, c.lo, c.hi, c.kind, c.task + shift, c.buffer + shift, c.count)
+            return c._replace(task=c.task + shift, buffer=c.buffer + shift)
 
         for tensor, _ in crossing.reads:
             state = exported[tensor]
             self.copies[tensor] = [moved(c) for c in state.copies]
             self.cache.update((key, moved(c)) for key, c in state.cache)
             self.partials.update((key, moved(c)) for key, c in state.partials)
+            self.hub_pieces.update((key, moved(c)) for key, c in state.hub_pieces)
             if state.replica_values:
                 self.replica_values[tensor] = {
                     d: [moved(c) for c in copies] for d, copies in state.replica_values
@@ -1320,6 +1318,17 @@ _NO_TASKS = np.zeros(0, dtype=np.int64)
 _COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 
+def _by_tensor(
+    kept: dict[tuple[int, int, int, int], _Copy], tensors: frozenset[int]
+) -> dict[int, tuple[tuple[tuple[int, int, int, int], _Copy], ...]]:
+    """The entries of ``kept`` (keyed by tensor first) of each of ``tensors``."""
+    found: dict[int, list] = {t: [] for t in tensors}
+    for item in kept.items():
+        if item[0][0] in found:
+            found[item[0][0]].append(item)
+    return {t: tuple(items) for t, items in found.items()}
+
+
 def _part_bytes(part: _Part | Asymmetric) -> int:
     """About the memory ``part`` holds: its columns, its tasks' names, what it exports."""
     if isinstance(part, Asymmetric):
@@ -1327,7 +1336,7 @@ def _part_bytes(part: _Part | Asymmetric) -> int:
     tasks = part.tasks
     columns = sum(map(len, tasks.plain.values())) + sum(a.nbytes for a in tasks.numbers.values())
     copies = sum(
-        len(e.copies) + len(e.cache) + len(e.partials) + len(e.replica_values)
+        len(e.copies) + len(e.cache) + len(e.partials) + len(e.hub_pieces) + len(e.replica_values)
         for e in part.exported.values()
     )
     return (
