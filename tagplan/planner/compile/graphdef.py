@@ -642,28 +642,40 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         offset = lo - source.lo
         begin[axis] = shape[axis] * offset // self.ir.batch_size if shape[axis] >= 0 else offset
         size[axis] = local[axis] if local is not None and local[axis] >= 0 else hi - lo
-        device = source.device
-        where, label = self.devices[device], f"{self._label(tensor)}/split_{lo}_{hi}"
-        consts = (
-            self.out.const(f"{label}/begin_d{device}", where, begin, _DT_INT32),
-            self.out.const(f"{label}/size_d{device}", where, size, _DT_INT32),
-        )
-        name = self.out.name(f"{label}_d{device}")
-        self.out.node(
-            name,
-            "Slice",
-            where,
-            [source.ref, *consts],
-            [local],
-            T=self._dtype(tensor),
-            Index=_DT_INT32,
-        )
-        self.auxiliary.append(("split", (name,)))
+        label = f"{self._label(tensor)}/split_{lo}_{hi}"
+        arguments = {"begin": begin, "size": size}
+        name, consts = self._cut_node(tensor, source, label, "Slice", arguments, [local])
         self.slices[name] = (lo, hi, consts)
         self.out.watch(name)
-        piece = _Copy(device, lo, hi, SLICE, name)
-        self.cache[(tensor, device, lo, hi)] = piece
+        piece = _Copy(source.device, lo, hi, SLICE, name)
+        self.cache[(tensor, source.device, lo, hi)] = piece
         return piece
+
+    def _cut_node(
+        self,
+        tensor: int,
+        source: _Copy,
+        label: str,
+        op: str,
+        arguments: dict[str, np.ndarray],
+        shapes: list[tuple[int, ...] | None],
+    ) -> tuple[str, tuple[str, ...]]:
+        """An auxiliary split: a node ``op`` on ``source``'s GPU cutting ``source`` by the
+        int32 ``arguments`` (a ``Const`` each, named after it); its name and the consts'."""
+        device = source.device
+        where = self.devices[device]
+        consts = tuple(
+            self.out.const(f"{label}/{argument}_d{device}", where, values, _DT_INT32)
+            for argument, values in arguments.items()
+        )
+        name = self.out.name(f"{label}_d{device}")
+        index = {"Slice": "Index", "SplitV": "Tlen"}[op]
+        attrs = {index: _DT_INT32} | ({"num_split": len(shapes)} if op == "SplitV" else {})
+        self.out.node(
+            name, op, where, [source.ref, *consts], shapes, T=self._dtype(tensor), **attrs
+        )
+        self.auxiliary.append(("split", (name,)))
+        return name, consts
 
     def _split(
         self, tensor: int, source: _Copy, rows: list[tuple[int, int, int]], reader: int
@@ -680,26 +692,12 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         scale = shape[axis] if shape[axis] >= 0 else batch  # the batch axis's length
         sizes = np.diff([scale * b // batch for b in bounds]).astype(np.int32)
         sizes[-1] = -1  # the rest, whatever the runtime length
-        device = source.device
-        where, label = self.devices[device], f"{self._label(tensor)}/split_{len(pieces)}"
-        consts = [
-            self.out.const(f"{label}/sizes_d{device}", where, sizes, _DT_INT32),
-            self.out.const(f"{label}/axis_d{device}", where, np.array(axis), _DT_INT32),
-        ]
-        name = self.out.name(f"{label}_d{device}")
-        self.out.node(
-            name,
-            "SplitV",
-            where,
-            [source.ref, *consts],
-            [self._shape(tensor, lo, hi) for lo, hi in pieces],
-            T=self._dtype(tensor),
-            Tlen=_DT_INT32,
-            num_split=len(pieces),
-        )
-        self.auxiliary.append(("split", (name,)))
+        label = f"{self._label(tensor)}/split_{len(pieces)}"
+        arguments = {"sizes": sizes, "axis": np.array(axis)}
+        shapes = [self._shape(tensor, lo, hi) for lo, hi in pieces]
+        name, _ = self._cut_node(tensor, source, label, "SplitV", arguments, shapes)
         output = {piece: name if k == 0 else f"{name}:{k}" for k, piece in enumerate(pieces)}
-        return [_Copy(device, lo, hi, SLICE, output[(lo, hi)]) for lo, hi in wanted]
+        return [_Copy(source.device, lo, hi, SLICE, output[(lo, hi)]) for lo, hi in wanted]
 
     def _partial(self, tensor: int, device: int, lo: int, hi: int) -> _Copy:
         """The partial sum of the replica over rows ``[lo, hi)`` on ``device`` (a split op
