@@ -750,11 +750,11 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         """One ``Split`` task on ``source``'s GPU moving every piece's bytes (a class's
         piece holds all its members' rows), a buffer per piece."""
         device = source.device
-        per_gpu = [self._bytes(tensor, lo, hi, members=m) * m for lo, hi, m in rows]
+        moved_bytes = [self._bytes(tensor, lo, hi, members=m) * m for lo, hi, m in rows]
         task = self.out.task(
             COMPUTE,
             device,
-            self.fixed.aux_seconds(device, 2 * sum(per_gpu)),
+            self.fixed.aux_seconds(device, 2 * sum(moved_bytes)),
             self.op_group[reader],
             f"split {self.fixed.tensor_names[tensor]} into {len(rows)} on "
             f"{self.fixed.device_names[device]}",

@@ -304,11 +304,8 @@ class TransportRules(Generic[C]):
                 covering = [joined]
             piece = self._cut(tensor, covering[0], lo, hi, reader, 1)
             return self._local(tensor, piece, device, reader)
-        if whole_here is not None:
-            piece = self._cut(tensor, whole_here, lo, hi, reader, self._class_size(device))
-            return self._local(tensor, piece, device, reader)
-        hub = self._hub(tensor)
-        if hub == device:
+        hub = device if whole_here is not None else self._hub(tensor)
+        if hub == device:  # a whole copy here, or made here
             whole = self._full(tensor, device, reader)
             piece = self._cut(tensor, whole, lo, hi, reader, self._class_size(device))
             return self._local(tensor, piece, device, reader)
