@@ -196,11 +196,17 @@ def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
     """Move backward ops, a few sweeps over them, to the stage among their neighbours'
     that the fewest bytes of their inputs and outputs cross to (label propagation): a
     gradient that only reads gradients joins the stage of the layer it flows into
-    rather than staying where it came from. Only the movable ops move (:func:`_movable`)."""
+    rather than staying where it came from. Only the movable ops move (:func:`_movable`).
+    An op is weighed again only once a neighbour has moved since it was last weighed: its
+    choice depends on nothing else, so the sweeps end as if every op were weighed."""
     nbytes, producer, consumers = graph.tensor_bytes, graph.tensor_producer, graph.consumers
+    dirty = set(graph.movable_list)
     for _ in range(_SETTLE_SWEEPS):
         moved = 0
         for op in graph.movable_list:
+            if op not in dirty:
+                continue
+            dirty.discard(op)
             cost: dict[int, float] = {}
             inputs = graph.inputs[op]
             for tensor in inputs:
@@ -223,6 +229,8 @@ def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
             if best != current and total - cost[best] < total - cost.get(current, 0.0):
                 stage[op] = best
                 moved += 1
+                dirty.update(graph.movable_readers[op])
+                dirty.update(graph.movable_producers[op])
         if not moved:
             break
 
