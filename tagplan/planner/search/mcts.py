@@ -41,14 +41,18 @@ equal to the inherited one), and those cost a dictionary look-up. Once a strateg
 TAG's decisions has been simulated, a new one is simulated only if its step bound
 (:mod:`~tagplan.planner.step_bound`, a tenth to a third of an evaluation) is below the best
 of theirs that fits and the best found before the search (the baselines'); otherwise it
-is scored by the bound, an upper bound on its reward, and counted in ``bounded`` rather
+is scored by the bound (its reward scaled by how far this tree's simulated steps were above
+their bounds: :meth:`StrategySearch._ruled_out`), and counted in ``bounded`` rather
 than ``evaluations``; it is never the search's best. Search stops at an iteration or wall-clock
 budget (a strategy of TAG's decisions not simulated yet is not started when the mean of
 the tree's simulations so far would end it past the budget: one evaluation of a large
 allocation takes seconds), when ``cancel()`` returns true (then
 :class:`~tagplan.planner.errors.Cancelled`), or once it has **converged**: with
 ``patience`` ``p``, when the best strategy found at iteration ``i`` has not been improved
-on for ``max(p, i)`` iterations. The window grows with the tree: a search that needed
+on for ``max(p, i)`` iterations, an iteration ruled out by the bound counting a quarter
+(it costs a fraction of a simulation and only says what cannot win: a tree whose bounds
+rule out its next strategies goes on searching rather than converging on its first
+simulation). The window grows with the tree: a search that needed
 ``i`` iterations to find its best gets as many again to beat it, so a quick answer on a
 small space returns quickly and a slow one is not cut short. With layouts the rule counts
 the iterations through TAG's decisions and their best only: the pipelines' branches are
@@ -113,6 +117,10 @@ DEFAULT_C_PUCT = 1.5
 _IMPROVEMENT = 1e-6
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
 _REFERENCE_REWARD = 1.0  # a strategy as fast as the reference
+# what a strategy ruled out by its step bound counts for in the convergence window, against
+# a simulated one: its bound costs a tenth to a third of a simulation and tells only that
+# it cannot win, so a tree whose bounds rule out its next strategies goes on searching
+_RULED_OUT_ITERATION = 0.25
 
 
 @dataclass(frozen=True)
@@ -333,6 +341,8 @@ class StrategySearch:
         # strategies ruled out by their step bound, by key: this tree's own (another tree
         # sharing ``scores`` may have a slower best)
         self._bounded: dict[tuple[int, ...], _Scored] = {}
+        self._passed: dict[tuple[int, ...], float] = {}  # bounds of strategies then simulated
+        self._step_over_bound: list[float] = []  # their simulated step over their bound
         self._payoff = _BoundPayoff()
         self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
@@ -381,6 +391,9 @@ class StrategySearch:
         if found is None:
             started = time.perf_counter()
             found = self._scores[key] = self._simulate(key)
+            bound_s = self._passed.pop(key, None)
+            if bound_s is not None and bound_s > 0 and not found.oom:
+                self._step_over_bound.append(found.step_time_s / bound_s)
             if not is_pipelined_key(key):
                 self._simulations += 1
                 self._simulation_s += time.perf_counter() - started
@@ -396,8 +409,11 @@ class StrategySearch:
         (:meth:`~tagplan.planner.evaluate.Evaluator.step_bound_s`: compute, the bytes that
         must reach each GPU and machine, the longest chain; a tenth to a third of an
         evaluation) is at least ``beat_s``: it cannot be the plan, so it is not simulated.
-        Its reward is the bound's, an upper bound on what a simulation would give: the
-        tree treats it no worse than it is. ``None`` when the bound leaves it a chance, or
+        Its reward is that of the bound scaled by the median ratio of simulated step to
+        bound among the strategies this tree bounded and then simulated (the bound alone
+        until one was): a bound is often half the step or less, and a reward of the bound
+        alone would draw the tree back to regions it has ruled out, where it spends its
+        convergence window. ``None`` when the bound leaves it a chance, or
         when a search under a time budget finds bounds not worth computing
         (:class:`_BoundPayoff`)."""
         if is_pipelined_key(key):
@@ -412,8 +428,11 @@ class StrategySearch:
             return None  # the simulation refuses it and says why
         self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
         if bound_s < beat_s:
+            self._passed[key] = bound_s
             return None
-        reward = self.reference_step_s / max(bound_s, 1e-12)
+        ratios = self._step_over_bound
+        estimate_s = bound_s * (float(np.median(ratios)) if ratios else 1.0)
+        reward = self.reference_step_s / max(estimate_s, 1e-12)
         found = self._bounded[key] = _Scored(bound_s, False, 0, reward, None, bounded=True)
         return found
 
@@ -633,8 +652,8 @@ class StrategySearch:
                     continue
                 beat_s = self._beat_s(flat_best)
                 known = self._scored(key)
-                if known is None and beat_s is not None:
-                    known = self._ruled_out(key, beat_s)
+                if known is None:  # the first is bounded too, for the ratios of step to bound
+                    known = self._ruled_out(key, math.inf if beat_s is None else beat_s)
                 if known is None and best_key is not None and self._would_overrun(key, deadline):
                     break
                 if self.layouts is not None and known is None:
@@ -654,7 +673,7 @@ class StrategySearch:
             done += 1
             simulated = not scored.bounded  # a bound is never the best: it only rules out
             if not is_pipelined_key(key):
-                flat_done += 1
+                flat_done += 1 if simulated else _RULED_OUT_ITERATION
                 if simulated and (flat_best is None or self._improves(key, flat_best)):
                     improved_at = flat_done
                     self._payoff.forget()
