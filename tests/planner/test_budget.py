@@ -188,22 +188,34 @@ def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
 
 def test_the_search_stops_once_it_has_converged() -> None:
     """With patience p the search ends when its best, found at iteration i, has not been
-    beaten for max(p, i) iterations; the same seed stops at the same place."""
+    beaten for max(p, i) iterations, an iteration its step bound ruled out counting a
+    quarter; the same seed under an iteration cap it does not reach stops at the same
+    place (bounded by time alone, a search weighs its step bounds by their time, which
+    differs from run to run)."""
     planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=PlanOptions(sfb=False))
 
     def search() -> StrategySearch:
         return planner._search(0)
 
-    converged = search().run(budget_s=600, patience=8)
-    assert converged.stop_reason == "converged"
-    again = search().run(budget_s=600, patience=8)
+    watched = search()
+    ruled_out: list[bool] = []  # per iteration
+    meet = watched._meet
+    watched._meet = lambda key, scored: (ruled_out.append(scored.bounded), meet(key, scored))
+    converged = watched.run(budget_s=600, iterations=10_000, patience=8)
+    assert converged.stop_reason == "converged" and converged.iterations < 10_000
+    assert any(ruled_out) and not all(ruled_out)
+    again = search().run(budget_s=600, iterations=10_000, patience=8)
     assert again.actions == converged.actions and again.iterations == converged.iterations
-    # the best was found at iteration i, and the search went max(8, i) further
+    # the best was found at iteration i, and the search went max(8, i) further, counted
+    # in iterations simulated and quarters of iterations ruled out
     for found_at in range(1, converged.iterations + 1):
         head = search().run(iterations=found_at, budget_s=600)
         if head.actions == converged.actions and head.step_time_s == converged.step_time_s:
             break
-    assert converged.iterations == found_at + max(8, found_at)
+    counted = [0.25 if out else 1.0 for out in ruled_out]
+    assert len(counted) == converged.iterations
+    window = max(8, sum(counted[:found_at]))
+    assert sum(counted[found_at:]) >= window > sum(counted[found_at:-1])
     longer = search().run(iterations=converged.iterations + 40, budget_s=600)
     assert longer.stop_reason == "iterations"
     assert longer.step_time_s <= converged.step_time_s

@@ -200,9 +200,10 @@ class _Scored:
     overflow_bytes: int
     reward: float
     feedback: SimResult | None  # without per-task times: the cache holds many
-    # not simulated: its step bound is no less than the best step found (the step and
-    # reward are the bound's, a lower bound on the step and an upper bound on the reward)
+    # not simulated: its step bound is no less than the best step found (the step is the
+    # bound, a lower bound; the reward the bound's scaled, StrategySearch._ruled_out)
     bounded: bool = False
+    bound_s: float | None = None  # simulated: the step bound it passed first, if any
 
 
 _NO_TASKS = np.zeros(0)
@@ -342,7 +343,10 @@ class StrategySearch:
         # sharing ``scores`` may have a slower best)
         self._bounded: dict[tuple[int, ...], _Scored] = {}
         self._passed: dict[tuple[int, ...], float] = {}  # bounds of strategies then simulated
-        self._step_over_bound: list[float] = []  # their simulated step over their bound
+        # simulated step over bound of each simulated strategy this tree met that passed a
+        # bound first (in the shared scores, as another tree may have simulated it)
+        self._step_over_bound: list[float] = []
+        self._met: set[tuple[int, ...]] = set()
         self._payoff = _BoundPayoff()
         self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
@@ -390,10 +394,9 @@ class StrategySearch:
         found = self._scored(key)
         if found is None:
             started = time.perf_counter()
-            found = self._scores[key] = self._simulate(key)
-            bound_s = self._passed.pop(key, None)
-            if bound_s is not None and bound_s > 0 and not found.oom:
-                self._step_over_bound.append(found.step_time_s / bound_s)
+            found = self._scores[key] = replace(
+                self._simulate(key), bound_s=self._passed.pop(key, None)
+            )
             if not is_pipelined_key(key):
                 self._simulations += 1
                 self._simulation_s += time.perf_counter() - started
@@ -426,7 +429,8 @@ class StrategySearch:
             bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
         except PlannerError:
             return None  # the simulation refuses it and says why
-        self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
+        if math.isfinite(beat_s):  # the tree's first strategy is bounded for the ratio only
+            self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
         if bound_s < beat_s:
             self._passed[key] = bound_s
             return None
@@ -435,6 +439,16 @@ class StrategySearch:
         reward = self.reference_step_s / max(estimate_s, 1e-12)
         found = self._bounded[key] = _Scored(bound_s, False, 0, reward, None, bounded=True)
         return found
+
+    def _meet(self, key: tuple[int, ...], scored: _Scored) -> None:
+        """Note the ratio of step to bound of a simulated strategy the tree meets for the
+        first time, whichever tree simulated it, so that the same walk scales ruled-out
+        rewards alike."""
+        if scored.bounded or key in self._met:
+            return
+        self._met.add(key)
+        if scored.bound_s and not scored.oom:
+            self._step_over_bound.append(scored.step_time_s / scored.bound_s)
 
     def _would_overrun(self, key: tuple[int, ...], deadline: float) -> bool:
         """Whether simulating ``key`` (of TAG's decisions, not simulated yet) for as long
@@ -659,6 +673,7 @@ class StrategySearch:
                 if self.layouts is not None and known is None:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
                 scored = known or self.score(key)
+                self._meet(key, scored)
             if child is None and len(decided) < self._depth(decided):
                 feedback = scored.feedback
                 if scored.bounded:
