@@ -644,7 +644,9 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         size[axis] = local[axis] if local is not None and local[axis] >= 0 else hi - lo
         label = f"{self._label(tensor)}/split_{lo}_{hi}"
         arguments = {"begin": begin, "size": size}
-        name, consts = self._cut_node(tensor, source, label, "Slice", arguments, [local])
+        name, consts = self._cut_node(
+            tensor, source, label, "Slice", arguments, [local], Index=_DT_INT32
+        )
         self.slices[name] = (lo, hi, consts)
         self.out.watch(name)
         piece = _Copy(source.device, lo, hi, SLICE, name)
@@ -659,9 +661,11 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         op: str,
         arguments: dict[str, np.ndarray],
         shapes: list[tuple[int, ...] | None],
+        **attrs: Any,
     ) -> tuple[str, tuple[str, ...]]:
-        """An auxiliary split: a node ``op`` on ``source``'s GPU cutting ``source`` by the
-        int32 ``arguments`` (a ``Const`` each, named after it); its name and the consts'."""
+        """An auxiliary split: a node ``op`` (with ``attrs``) on ``source``'s GPU cutting
+        ``source`` by the int32 ``arguments`` (a ``Const`` each, named after it); its name
+        and the consts'."""
         device = source.device
         where = self.devices[device]
         consts = tuple(
@@ -669,8 +673,6 @@ class _GraphDefCompilation(TransportRules[_Copy]):
             for argument, values in arguments.items()
         )
         name = self.out.name(f"{label}_d{device}")
-        index = {"Slice": "Index", "SplitV": "Tlen"}[op]
-        attrs = {index: _DT_INT32} | ({"num_split": len(shapes)} if op == "SplitV" else {})
         self.out.node(
             name, op, where, [source.ref, *consts], shapes, T=self._dtype(tensor), **attrs
         )
@@ -695,7 +697,8 @@ class _GraphDefCompilation(TransportRules[_Copy]):
         label = f"{self._label(tensor)}/split_{len(pieces)}"
         arguments = {"sizes": sizes, "axis": np.array(axis)}
         shapes = [self._shape(tensor, lo, hi) for lo, hi in pieces]
-        name, _ = self._cut_node(tensor, source, label, "SplitV", arguments, shapes)
+        attrs = {"Tlen": _DT_INT32, "num_split": len(shapes)}
+        name, _ = self._cut_node(tensor, source, label, "SplitV", arguments, shapes, **attrs)
         output = {piece: name if k == 0 else f"{name}:{k}" for k, piece in enumerate(pieces)}
         return [_Copy(source.device, lo, hi, SLICE, output[(lo, hi)]) for lo, hi in wanted]
 

@@ -37,6 +37,7 @@ of the class's variable.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -112,14 +113,6 @@ def micro_batch_slices(weights: np.ndarray, batch_size: int, micro_batches: int)
     return np.concatenate(bounds).astype(np.int32)
 
 
-def _variable_of_class(ir: GraphIR) -> dict[int, int]:
-    """Colocation class -> its variable op (the class's first op holding bytes)."""
-    found: dict[int, int] = {}
-    for op in np.flatnonzero(ir.variable_bytes > 0).tolist():
-        found.setdefault(int(ir.colocation[op]), op)
-    return found
-
-
 def has_batch_input(ir: GraphIR) -> np.ndarray:
     """Per op: does any input carry the batch dimension."""
     reader = ir.input_reader
@@ -132,13 +125,6 @@ def sums_partials(ir: GraphIR) -> np.ndarray:
     """Per op: a *split-sum* op without batch input, which adds up partial sums (an
     ``AddN`` of partial gradients): split, each replica reads its own partials."""
     return (ir.split_category == SplitCategory.SPLIT_SUM) & ~has_batch_input(ir)
-
-
-def _partial_producers(ir: GraphIR, op: int) -> list[int]:
-    """The producers of the partial sums ``op`` reads."""
-    inputs = ir.inputs(op)
-    partial = ir.tensor_aggregation[inputs] == Aggregation.SUM
-    return ir.tensor_producer[inputs[partial]].tolist()
 
 
 def parameter_ops(ir: GraphIR) -> np.ndarray:
@@ -218,19 +204,43 @@ def _group_layouts(resolved: ResolvedStrategy, batch: int) -> tuple[list[_GroupL
 _PARAMETER, _NO_BATCH, _NO_SPLIT, _SPLIT = range(4)
 
 
-def _op_kinds(ir: GraphIR, sfb_op: np.ndarray) -> np.ndarray:
-    """Which of a layout's placements each op takes by the rules of the module docstring,
-    before the partial sums' rule and colocation: variables, optimizer slots and updates
-    (and SFB's duplicated gradient subgraph) first, then cheap non-batch work, ops that
-    cannot be split, and the batch-splittable rest."""
+@dataclass(frozen=True, eq=False)
+class _OpFacts:
+    """What the rules read of a graph alone, the same for every strategy placed on it."""
+
+    kinds: np.ndarray  # the layout's placement each op takes, before SFB (_PARAMETER, ...)
+    parameter: np.ndarray  # bool per op: parameter_ops
+    partial_producers: dict[int, list[int]]  # per op that sums partials: their producers
+    followers: np.ndarray  # ops colocated with a variable of their class, not it
+    variable: np.ndarray  # each follower's variable
+
+
+@lru_cache(maxsize=8)
+def _op_facts(ir: GraphIR) -> _OpFacts:
+    """:class:`_OpFacts` of ``ir``, worked out once per graph: the kinds by the rules of
+    the module docstring (variables, optimizer slots and updates first, then cheap
+    non-batch work, ops that cannot be split, the batch-splittable rest), the producers of
+    the partial sums each op that adds them up reads, and each colocated op's variable (the
+    class's first op holding bytes)."""
     reads_batch = has_batch_input(ir)
     # split-concat without a batch input: rows made from nothing (the examples' positions)
     makes_rows = (ir.split_category == SplitCategory.SPLIT_CONCAT) & ~reads_batch
+    parameter = parameter_ops(ir)
     kinds = np.full(ir.num_ops, _SPLIT, dtype=np.int64)
     kinds[ir.split_category == SplitCategory.NONE] = _NO_SPLIT  # stateful ops are here too
-    kinds[(~reads_batch & ~makes_rows) | sfb_op] = _NO_BATCH
-    kinds[parameter_ops(ir)] = _PARAMETER
-    return kinds
+    kinds[~reads_batch & ~makes_rows] = _NO_BATCH
+    kinds[parameter] = _PARAMETER
+    partial_producers = {}
+    for op in np.flatnonzero(sums_partials(ir) & ~parameter).tolist():
+        inputs = ir.inputs(op)
+        partial = ir.tensor_aggregation[inputs] == Aggregation.SUM
+        partial_producers[op] = ir.tensor_producer[inputs[partial]].tolist()
+    variable_of: dict[int, int] = {}  # colocation class -> its variable
+    for op in np.flatnonzero(ir.variable_bytes > 0).tolist():
+        variable_of.setdefault(int(ir.colocation[op]), op)
+    variable = np.array([variable_of.get(c, -1) for c in ir.colocation.tolist()], np.int64)
+    followers = np.flatnonzero((variable >= 0) & (variable != np.arange(ir.num_ops)))
+    return _OpFacts(kinds, parameter, partial_producers, followers, variable[followers])
 
 
 def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
@@ -245,22 +255,23 @@ def place(ir: GraphIR, resolved: ResolvedStrategy) -> Placement:
         for layout in layouts
         for placed in (layout.parameter, layout.no_batch, layout.no_split, layout.split)
     ]
+    facts = _op_facts(ir)
+    kinds = facts.kinds.copy()
+    kinds[resolved.sfb_op & ~facts.parameter] = _NO_BATCH  # SFB's duplicated gradient subgraph
     op_group = resolved.op_group.astype(np.int64)
-    choice = layout_of[op_group] * 4 + _op_kinds(ir, resolved.sfb_op)
+    choice = layout_of[op_group] * 4 + kinds
     model_parallel = np.array([layout.model_parallel for layout in layouts])[layout_of][op_group]
     if model_parallel.any():
         devices, index = np.unique(resolved.op_device[model_parallel], return_inverse=True)
         choice[model_parallel] = len(choices) + index
         choices += [_placed(Mode.SINGLE, _rows(np.array([d]), 0, batch)) for d in devices]
-    candidates = sums_partials(ir) & ~resolved.sfb_op & ~parameter_ops(ir) & ~model_parallel
-    for op in np.flatnonzero(candidates).tolist():  # in graph order: producers first
+    for op, producers in facts.partial_producers.items():  # in graph order: producers first
+        if resolved.sfb_op[op] or model_parallel[op]:
+            continue
         split = int(layout_of[op_group[op]]) * 4 + _SPLIT
-        if all(
-            _same_placement(choices[int(choice[p])], choices[split])
-            for p in _partial_producers(ir, op)
-        ):
+        if all(_same_placement(choices[int(choice[p])], choices[split]) for p in producers):
             choice[op] = split
-    _follow_variables(ir, choices, choice)
+    _follow_variables(facts, choices, choice)
     return _gathered(choices, choice, batch)
 
 
@@ -269,22 +280,14 @@ def _same_placement(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> boo
 
 
 def _follow_variables(
-    ir: GraphIR, choices: list[tuple[int, np.ndarray]], choice: np.ndarray
+    facts: _OpFacts, choices: list[tuple[int, np.ndarray]], choice: np.ndarray
 ) -> None:
     """Colocated ops (reads, updates, slots) take their variable's choice, but for a split
     read (an embedding lookup) of a variable mirrored on its GPUs."""
-    variable_of = _variable_of_class(ir)
-    if not variable_of:
+    follows, variable = facts.followers, facts.variable
+    if not len(follows):
         return
-    classes = np.fromiter(variable_of.keys(), dtype=np.int64)
-    variables = np.fromiter(variable_of.values(), dtype=np.int64)
-    order = np.argsort(classes)
-    classes, variables = classes[order], variables[order]
-    colocation = ir.colocation.astype(np.int64)
-    at = np.minimum(np.searchsorted(classes, colocation), len(classes) - 1)
-    variable = np.where(classes[at] == colocation, variables[at], -1)
-    follows = np.flatnonzero((variable >= 0) & (variable != np.arange(ir.num_ops)))
-    pairs = np.stack([choice[follows], choice[variable[follows]]], axis=1)
+    pairs = np.stack([choice[follows], choice[variable]], axis=1)
     unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
     split_mode = int(Mode.SPLIT)
     keeps = np.array(
@@ -296,7 +299,7 @@ def _follow_variables(
         dtype=bool,
     )
     moved = ~keeps[inverse.reshape(-1)]
-    choice[follows[moved]] = choice[variable[follows[moved]]]
+    choice[follows[moved]] = choice[variable[moved]]
 
 
 def _gathered(choices: list[tuple[int, np.ndarray]], choice: np.ndarray, batch: int) -> Placement:

@@ -413,8 +413,9 @@ class StrategySearch:
         must reach each GPU and machine, the longest chain; a tenth to a third of an
         evaluation) is at least ``beat_s``: it cannot be the plan, so it is not simulated.
         Its reward is that of the bound scaled by the median ratio of simulated step to
-        bound among the strategies this tree bounded and then simulated (the bound alone
-        until one was): a bound is often half the step or less, and a reward of the bound
+        bound among the simulated strategies this tree has met that passed a bound first
+        (:meth:`_meet`; the bound alone until there is one): a bound is often half the step
+        or less, and a reward of the bound
         alone would draw the tree back to regions it has ruled out, where it spends its
         convergence window. ``None`` when the bound leaves it a chance, or
         when a search under a time budget finds bounds not worth computing
