@@ -31,11 +31,14 @@ closest rule picks), a hub that is a member of a class, a class gathering slices
 first member would then hand the whole tensor to the rest, replicas reading rows laid out
 differently (a hub that is no member, a GPU holding a whole tensor a class reads rows
 of, cuts every member's rows in one ``Split``, so they arrive alike). The compiler raises
-:class:`Asymmetric` there and the evaluator compiles the
-strategy per GPU instead (:class:`~tagplan.planner.evaluate.Evaluator`), which stays the
-reference (``by_class=False``). The most common of these, replicas reading rows laid out
-differently, is seen in the quotient placement before compiling
-(:func:`reads_across_layouts`), so those strategies go per GPU without a partial compile.
+:class:`Asymmetric` there and the evaluator compiles the strategy per GPU instead
+(:class:`~tagplan.planner.evaluate.Evaluator`), which stays the reference
+(``by_class=False``). The most common of these, replicas reading rows laid out
+differently (an op group on other device groups than its producer's), is seen in the
+quotient placement before compiling (:func:`classes_reading_across_layouts`): the classes
+that read or hold such rows are split into single GPUs (:func:`refined_for_reads`), each
+gathering or cutting its own pieces as per GPU, and the classes no such read touches are
+still compiled once.
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ from tagplan.planner.compile.placement import Placement
 from tagplan.planner.strategy import Mode
 from tagplan.planner.topology import Cluster
 
-__all__ = ["Asymmetric", "Symmetry", "reads_across_layouts", "symmetry_classes"]
+__all__ = [
+    "Asymmetric",
+    "Symmetry",
+    "classes_reading_across_layouts",
+    "reads_across_layouts",
+    "refined_for_reads",
+    "symmetry_classes",
+]
 
 
 class Asymmetric(Exception):
@@ -101,13 +111,22 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
     -> ``reader[i]``) that no piece of it holds as they are, where a class of several
     GPUs reads or holds them: the rule that gathers or cuts pieces of another layout,
     which singles out members of a class (:class:`Asymmetric`), so the compile would
-    stop there.
+    stop there (:func:`classes_reading_across_layouts` names those classes)."""
+    return bool(classes_reading_across_layouts(symmetry, producer, reader, first_only=True))
+
+
+def classes_reading_across_layouts(
+    symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray, *, first_only: bool = False
+) -> set[int]:
+    """The representatives of the classes of several GPUs that read, or hold pieces
+    read as, rows of a split producer's batch tensor that no piece of it holds as they
+    are (``producer[i]`` -> ``reader[i]``, both split); with ``first_only``, those of the
+    first such read found.
 
     Checked on the quotient placement before compiling, so a strategy that would stop
-    is compiled per GPU at once rather than after a partial compile (the search's
+    is compiled otherwise at once rather than after a partial compile (the search's
     neighbouring strategies mostly are such: an op group on other device groups than its
-    producer's). The answer only chooses the cheaper path: either compile gives the same
-    step, memory and OOM (module docstring)."""
+    producer's)."""
     quotient, members = symmetry.placement, symmetry.members
     ptr = quotient.inst_ptr
     device, lo, hi = quotient.inst_device, quotient.inst_lo, quotient.inst_hi
@@ -117,6 +136,7 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
     key = _mixed(rows + hi.astype(np.uint64))
     op_rows = np.add.reduceat(key, ptr[:-1]) if len(key) else np.zeros(0, dtype=np.uint64)
     differ = split[producer] & split[reader] & (op_rows[producer] != op_rows[reader])
+    found: set[int] = set()
     seen: set[tuple[int, int]] = set()
     for p, r in zip(producer[differ].tolist(), reader[differ].tolist(), strict=True):
         layouts = (int(op_rows[p]), int(op_rows[r]))
@@ -129,9 +149,39 @@ def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.nd
             if (int(lo[i]), int(hi[i])) in held:
                 continue
             covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
-            if members[device[i]] > 1 or any(members[device[j]] > 1 for j in covering):
-                return True
-    return False
+            several = {int(device[k]) for k in (i, *covering) if members[device[k]] > 1}
+            if several and first_only:
+                return several
+            found |= several
+    return found
+
+
+def refined_for_reads(
+    symmetry: Symmetry, placement: Placement, producer: np.ndarray, reader: np.ndarray
+) -> Symmetry | None:
+    """``symmetry`` with every class that reads, or holds pieces read as, rows laid out
+    otherwise (:func:`classes_reading_across_layouts`) split into single GPUs, again until
+    none does; ``None`` when no class of several GPUs is left.
+
+    A finer partition keeps the invariance the module docstring rests on (a permutation
+    inside a smaller class is one inside the larger), and single GPUs gather or cut their
+    pieces as the per-GPU compile does, so the result is still the per-GPU simulation;
+    the classes no such read touches (other machines, other op groups' device groups)
+    are still compiled once."""
+    while True:
+        split = classes_reading_across_layouts(symmetry, producer, reader)
+        if not split:
+            return symmetry
+        representative = symmetry.representative.copy()
+        alone = np.isin(representative, np.fromiter(split, np.int32, len(split)))
+        representative[alone] = np.flatnonzero(alone)
+        members = np.bincount(representative, minlength=len(representative)).astype(np.int32)
+        if members.max() < 2:
+            return None
+        quotient = _quotient_placement(placement, representative, members)
+        if quotient is None:
+            return None
+        symmetry = Symmetry(representative, members, quotient)
 
 
 def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:

@@ -74,7 +74,7 @@ from tagplan.planner.compile.placement import Placement, place, sums_partials
 from tagplan.planner.compile.symmetry import (
     Asymmetric,
     Symmetry,
-    reads_across_layouts,
+    refined_for_reads,
     symmetry_classes,
 )
 from tagplan.planner.compile.task_builder import (
@@ -342,16 +342,19 @@ class TaskCompiler:
     ) -> CompiledTasks:
         """The task graph of one resolved strategy (``placement``: its placement, when
         already made); ``by_class`` compiles each symmetry class of GPUs once
-        (:mod:`.symmetry`) where the strategy has classes and no rule singles out a
-        member, else per GPU."""
+        (:mod:`.symmetry`; the classes reading rows laid out otherwise split into single
+        GPUs first) where the strategy has classes and no rule singles out a member, else
+        per GPU."""
         if placement is None:
             placement = place(self.ir, resolved)
         with _collector_paused():
             if by_class and resolved.pipeline is None:  # micro-batch rows are not contiguous
                 symmetry = symmetry_classes(placement, self.cluster)
-                if symmetry is not None and not reads_across_layouts(
-                    symmetry, self.slice_producer, self.slice_reader
-                ):
+                if symmetry is not None:
+                    symmetry = refined_for_reads(
+                        symmetry, placement, self.slice_producer, self.slice_reader
+                    )
+                if symmetry is not None:
                     try:
                         return _TaskGraphCompilation(
                             self, resolved, symmetry.placement, symmetry
@@ -646,8 +649,12 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         if self.members[device] > 1:
             raise Asymmetric(rule)
 
-    def _check_covering(self) -> None:
-        if self.symmetry is not None:
+    def _check_covering(self, device: int, covering: list[_Copy]) -> None:
+        """Compiled by class, a GPU standing for several that gathers or cuts pieces of
+        another layout, or holds one of them, falls back to the per-GPU compile: its
+        members' rows meet the pieces at different offsets (:mod:`.symmetry`)."""
+        members = self.members
+        if members[device] > 1 or any(members[c.device] > 1 for c in covering):
             raise Asymmetric("a reader gathers or cuts pieces of another layout")
 
     def _class_size(self, device: int) -> int:

@@ -208,8 +208,9 @@ class TransportRules(Generic[C]):
         """A back end that compiles a class of GPUs once refuses ``rule`` on a GPU that
         stands for several (nothing here)."""
 
-    def _check_covering(self) -> None:
-        """A back end may refuse to join or cut pieces of another layout (nothing here)."""
+    def _check_covering(self, device: int, covering: list[C]) -> None:
+        """A back end may refuse to join or cut ``covering``, pieces of another layout, for
+        a reader on ``device`` (nothing here)."""
 
     def _class_size(self, device: int) -> int:
         """The GPUs ``device`` stands for (1: every GPU on its own)."""
@@ -295,7 +296,7 @@ class TransportRules(Generic[C]):
         if whole_here is None and slices:
             covering = covering_pieces(slices, lo, hi, lambda c: self._closest(c, device))
         if covering is not None:
-            self._check_covering()
+            self._check_covering(device, covering)
             if len(covering) > 1:
                 first, last = covering[0].lo, covering[-1].hi
                 joined = self._concat(tensor, covering, device, first, last, reader)

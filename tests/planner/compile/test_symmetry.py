@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from tagplan.planner.compile.placement import place
-from tagplan.planner.compile.symmetry import Asymmetric, reads_across_layouts, symmetry_classes
+from tagplan.planner.compile.symmetry import (
+    Asymmetric,
+    classes_reading_across_layouts,
+    reads_across_layouts,
+    refined_for_reads,
+    symmetry_classes,
+)
 from tagplan.planner.compile.task_compiler import TaskCompiler, _TaskGraphCompilation
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.evaluate import Evaluator
@@ -166,7 +172,8 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
     """Data parallelism on two machines of four GPUs, and one layer's matmul ``moved``:
     data-parallel on the second machine alone, so it reads rows of the first layer's
     output that no class holds as they are: the check on the quotient placement says so
-    before compiling, and the compile by class, tried anyway, stops there. Or
+    before compiling, and the compile by class, tried anyway, stops there; refined for
+    that read, every class is a single GPU, so the strategy compiles per GPU. Or
     model-parallel on one GPU, so the data-parallel op after it reads its rows of a whole
     tensor that only that GPU holds: one split there cuts every member's rows, the
     strategy compiles by class and simulates as it does per GPU."""
@@ -192,6 +199,37 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
         assert compilation.compile().symmetry is symmetry
     assert (compiler.compile(resolved, by_class=True).symmetry is None) == across
     assert _same(Evaluator(ir, cluster), Strategy(default=everywhere, groups=groups)) != across
+
+
+def test_classes_no_read_across_layouts_touches_compile_once() -> None:
+    """Data parallelism on four machines of four GPUs (two rows each), and one layer's
+    matmul on the first two machines, weighted 1:3: the first machine's GPUs read the rows
+    they hold, the second's read rows of every GPU of machines 2-4. Those three classes
+    become single GPUs; the first machine keeps its class of three, and the strategy
+    compiled so simulates as it does per GPU."""
+    ir = _zoo("mlp")
+    cluster = gpus("T4", 4, 4)
+    everywhere = GroupDecision(device_groups=[0, 1, 2, 3], option=Option.REPLICATE_ALLREDUCE)
+    weights = {name: 1.0 if name.startswith("m0/") else 3.0 for name in cluster.device_names[:8]}
+    moved = GroupDecision(
+        device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE, batch_weights=weights
+    )
+    strategy = Strategy(
+        default=everywhere, groups=[OpGroup(ops=["dense_1/MatMul"], decision=moved)]
+    )
+    placement = place(ir, resolve(strategy, ir, cluster))
+    symmetry = symmetry_classes(placement, cluster)
+    assert symmetry is not None
+    assert symmetry.representative.tolist() == [0, 1, 1, 1, 4, 4, 4, 4, 8, 8, 8, 8] + [12] * 4
+    evaluator = Evaluator(ir, cluster)
+    producer, reader = evaluator.compiler.slice_producer, evaluator.compiler.slice_reader
+    assert classes_reading_across_layouts(symmetry, producer, reader) == {4, 8, 12}
+    refined = refined_for_reads(symmetry, placement, producer, reader)
+    assert refined is not None
+    assert refined.representative.tolist() == [0, 1, 1, 1, *range(4, 16)]
+    assert _same(evaluator, strategy)
+    compiled = evaluator.evaluate(strategy).compiled
+    assert compiled.symmetry.representative.tolist() == refined.representative.tolist()
 
 
 def test_a_placement_without_classes_has_none() -> None:
