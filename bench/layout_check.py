@@ -30,9 +30,14 @@ from tagplan.planner.evaluate import Evaluator
 
 
 def _given_up(
-    symmetry: Symmetry, _placement: object, producer: np.ndarray, reader: np.ndarray
+    symmetry: Symmetry,
+    _placement: object,
+    producer: np.ndarray,
+    reader: np.ndarray,
+    **_share: int,
 ) -> Symmetry | None:
-    """No classes where any class reads across layouts: the strategy compiles per GPU."""
+    """No classes where any class reads across layouts: the strategy compiles per GPU
+    (and by class otherwise, whatever share of the instances the classes keep)."""
     return None if reads_across_layouts(symmetry, producer, reader) else symmetry
 
 

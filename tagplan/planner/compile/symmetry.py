@@ -157,22 +157,33 @@ def classes_reading_across_layouts(
 
 
 def refined_for_reads(
-    symmetry: Symmetry, placement: Placement, producer: np.ndarray, reader: np.ndarray
+    symmetry: Symmetry,
+    placement: Placement,
+    producer: np.ndarray,
+    reader: np.ndarray,
+    *,
+    most_instances: int,
 ) -> Symmetry | None:
     """``symmetry`` with every class that reads, or holds pieces read as, rows laid out
     otherwise (:func:`classes_reading_across_layouts`) split into single GPUs, again until
-    none does; ``None`` when no class of several GPUs is left.
+    none does; ``None`` when the classes left would keep more than ``most_instances`` of
+    the placement's instances (splitting only adds instances: a compile by class then
+    costs what one per GPU does) or no class of several GPUs is left.
 
     A finer partition keeps the invariance the module docstring rests on (a permutation
     inside a smaller class is one inside the larger), and single GPUs gather or cut their
     pieces as the per-GPU compile does, so the result is still the per-GPU simulation;
     the classes no such read touches (other machines, other op groups' device groups)
     are still compiled once."""
+    on_device = np.bincount(placement.inst_device, minlength=len(symmetry.representative))
     while True:
+        representative = symmetry.representative
+        if on_device[representative == np.arange(len(representative))].sum() > most_instances:
+            return None
         split = classes_reading_across_layouts(symmetry, producer, reader)
         if not split:
             return symmetry
-        representative = symmetry.representative.copy()
+        representative = representative.copy()
         alone = np.isin(representative, np.fromiter(split, np.int32, len(split)))
         representative[alone] = np.flatnonzero(alone)
         members = np.bincount(representative, minlength=len(representative)).astype(np.int32)

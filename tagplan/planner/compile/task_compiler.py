@@ -343,8 +343,8 @@ class TaskCompiler:
         """The task graph of one resolved strategy (``placement``: its placement, when
         already made); ``by_class`` compiles each symmetry class of GPUs once
         (:mod:`.symmetry`; the classes reading rows laid out otherwise split into single
-        GPUs first) where the strategy has classes and no rule singles out a member, else
-        per GPU."""
+        GPUs first) where the strategy has classes that leave out at least a quarter of
+        its instances and no rule singles out a member, else per GPU."""
         if placement is None:
             placement = place(self.ir, resolved)
         with _collector_paused():
@@ -352,7 +352,11 @@ class TaskCompiler:
                 symmetry = symmetry_classes(placement, self.cluster)
                 if symmetry is not None:
                     symmetry = refined_for_reads(
-                        symmetry, placement, self.slice_producer, self.slice_reader
+                        symmetry,
+                        placement,
+                        self.slice_producer,
+                        self.slice_reader,
+                        most_instances=int(_CLASSES_WORTH_SHARE * placement.num_instances),
                     )
                 if symmetry is not None:
                     try:
@@ -1322,6 +1326,9 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
+# compiled by class while the quotient keeps at most this share of the instances: past it
+# a compile by class costs what one per GPU does (its fragments are kept apart, too)
+_CLASSES_WORTH_SHARE = 0.75
 _COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tagplan.planner.compile import task_compiler
 from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.symmetry import (
     Asymmetric,
@@ -97,7 +98,12 @@ def _strategies(evaluator: Evaluator) -> list[Strategy]:
 
 @pytest.mark.parametrize("model", ["mlp", "small_cnn"])
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
-def test_every_kind_of_strategy_simulates_alike(model: str, cluster_name: str) -> None:
+def test_every_kind_of_strategy_simulates_alike(
+    model: str, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By class wherever there are classes, however many instances they leave out (the
+    planner's share is a choice of cost, not of result)."""
+    monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
     evaluator = Evaluator(_zoo(model), CLUSTERS[cluster_name]())
     by_class = [_same(evaluator, strategy) for strategy in _strategies(evaluator)]
     # data parallelism over device groups of several GPUs is what classes are for
@@ -201,12 +207,15 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
     assert _same(Evaluator(ir, cluster), Strategy(default=everywhere, groups=groups)) != across
 
 
-def test_classes_no_read_across_layouts_touches_compile_once() -> None:
+def test_classes_no_read_across_layouts_touches_compile_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Data parallelism on four machines of four GPUs (two rows each), and one layer's
     matmul on the first two machines, weighted 1:3: the first machine's GPUs read the rows
     they hold, the second's read rows of every GPU of machines 2-4. Those three classes
     become single GPUs; the first machine keeps its class of three, and the strategy
-    compiled so simulates as it does per GPU."""
+    compiled so simulates as it does per GPU. The quotient keeps most instances, which
+    the planner compiles per GPU: here it compiles by class whatever share it keeps."""
     ir = _zoo("mlp")
     cluster = gpus("T4", 4, 4)
     everywhere = GroupDecision(device_groups=[0, 1, 2, 3], option=Option.REPLICATE_ALLREDUCE)
@@ -224,9 +233,16 @@ def test_classes_no_read_across_layouts_touches_compile_once() -> None:
     evaluator = Evaluator(ir, cluster)
     producer, reader = evaluator.compiler.slice_producer, evaluator.compiler.slice_reader
     assert classes_reading_across_layouts(symmetry, producer, reader) == {4, 8, 12}
-    refined = refined_for_reads(symmetry, placement, producer, reader)
+    every = placement.num_instances
+    refined = refined_for_reads(symmetry, placement, producer, reader, most_instances=every)
     assert refined is not None
     assert refined.representative.tolist() == [0, 1, 1, 1, *range(4, 16)]
+    kept = refined.placement.num_instances
+    assert symmetry.placement.num_instances < kept < every
+    assert refined_for_reads(symmetry, placement, producer, reader, most_instances=kept - 1) is None
+    assert evaluator.evaluate(strategy).compiled.symmetry is None
+    monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
+    evaluator = Evaluator(ir, cluster)
     assert _same(evaluator, strategy)
     compiled = evaluator.evaluate(strategy).compiled
     assert compiled.symmetry.representative.tolist() == refined.representative.tolist()
