@@ -257,3 +257,32 @@ def test_a_placement_without_classes_has_none() -> None:
         cluster,
     )
     assert symmetry_classes(place(ir, resolved), cluster) is None
+
+
+def test_resnet_with_one_op_group_off_a_device_group_compiles_by_refined_classes() -> None:
+    """ResNet-101 on 64 GPUs (eight device groups), data-parallel over every device group
+    but one op group over all but the sixth, as the search's neighbours of data
+    parallelism are: that op group's rows cross the others' on most machines, the
+    classes those reads touch become single GPUs, the rest still compile once, and the
+    step, memory and OOM are the per-GPU simulation's."""
+    ir = _zoo("resnet101")
+    cluster = load_cluster("scale:64")
+    evaluator = Evaluator(ir, cluster)
+    space = ActionSpace(ir, cluster, evaluator.costs)
+    every = tuple(range(cluster.num_groups))
+    action = {a.device_groups: a for a in space.actions if a.option == Option.REPLICATE_ALLREDUCE}
+    moved = [op for op in ir.op_names if op.startswith("conv4_block11_")]
+    strategy = Strategy(
+        default=space.decision(action[every]),
+        groups=[OpGroup(ops=moved, decision=space.decision(action[every[:5] + every[6:]]))],
+    )
+    placement = place(ir, resolve(strategy, ir, cluster))
+    symmetry = symmetry_classes(placement, cluster)
+    assert symmetry is not None
+    compiler = evaluator.compiler
+    assert reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
+    assert _same(evaluator, strategy)
+    classes = evaluator.evaluate(strategy).compiled.symmetry
+    assert classes.members.max() > 1
+    unrefined, refined = (len(np.unique(s.representative)) for s in (symmetry, classes))
+    assert unrefined < refined < cluster.num_devices
