@@ -24,7 +24,7 @@ import numpy as np
 from bench.evaluate_incremental import CLUSTERS, MODELS, search_on, walk
 from bench.report import write_section
 from tagplan.planner.compile import task_compiler
-from tagplan.planner.compile.symmetry import Symmetry, reads_across_layouts
+from tagplan.planner.compile.symmetry import Symmetry, classes_reading_across_layouts
 from tagplan.planner.errors import PlannerError
 from tagplan.planner.evaluate import Evaluator
 
@@ -38,7 +38,7 @@ def _given_up(
 ) -> Symmetry | None:
     """No classes where any class reads across layouts: the strategy compiles per GPU
     (and by class otherwise, whatever share of the instances the classes keep)."""
-    return None if reads_across_layouts(symmetry, producer, reader) else symmetry
+    return None if classes_reading_across_layouts(symmetry, producer, reader) else symmetry
 
 
 def measure(model: str, cluster_name: str, steps: int, seed: int, rounds: int) -> dict:

@@ -55,7 +55,6 @@ __all__ = [
     "Asymmetric",
     "Symmetry",
     "classes_reading_across_layouts",
-    "reads_across_layouts",
     "refined_for_reads",
     "symmetry_classes",
 ]
@@ -106,27 +105,18 @@ def _device_signatures(placement: Placement, num_devices: int) -> np.ndarray:
     return signature
 
 
-def reads_across_layouts(symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray) -> bool:
-    """Whether a split op reads rows of a split producer's batch tensor (``producer[i]``
-    -> ``reader[i]``) that no piece of it holds as they are, where a class of several
-    GPUs reads or holds them: the rule that gathers or cuts pieces of another layout,
-    which singles out members of a class (:class:`Asymmetric`), so the compile would
-    stop there (:func:`classes_reading_across_layouts` names those classes)."""
-    return bool(classes_reading_across_layouts(symmetry, producer, reader, first_only=True))
-
-
 def classes_reading_across_layouts(
-    symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray, *, first_only: bool = False
+    symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray
 ) -> set[int]:
     """The representatives of the classes of several GPUs that read, or hold pieces
     read as, rows of a split producer's batch tensor that no piece of it holds as they
-    are (``producer[i]`` -> ``reader[i]``, both split); with ``first_only``, those of the
-    first such read found.
+    are (``producer[i]`` -> ``reader[i]``, both split): the rule that gathers or cuts
+    pieces of another layout singles out their members (:class:`Asymmetric`).
 
-    Checked on the quotient placement before compiling, so a strategy that would stop
-    is compiled otherwise at once rather than after a partial compile (the search's
-    neighbouring strategies mostly are such: an op group on other device groups than its
-    producer's)."""
+    Checked on the quotient placement before compiling, so that a strategy whose compile
+    by class would stop there is refined first (:func:`refined_for_reads`) rather than
+    after a partial compile (the search's neighbouring strategies mostly are such: an op
+    group on other device groups than its producer's)."""
     quotient, members = symmetry.placement, symmetry.members
     ptr = quotient.inst_ptr
     device, lo, hi = quotient.inst_device, quotient.inst_lo, quotient.inst_hi
@@ -149,10 +139,7 @@ def classes_reading_across_layouts(
             if (int(lo[i]), int(hi[i])) in held:
                 continue
             covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
-            several = {int(device[k]) for k in (i, *covering) if members[device[k]] > 1}
-            if several and first_only:
-                return several
-            found |= several
+            found |= {int(device[k]) for k in (i, *covering) if members[device[k]] > 1}
     return found
 
 

@@ -12,7 +12,6 @@ from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.symmetry import (
     Asymmetric,
     classes_reading_across_layouts,
-    reads_across_layouts,
     refined_for_reads,
     symmetry_classes,
 )
@@ -195,7 +194,9 @@ def test_reads_across_layouts_foretells_the_compile_stopping(
     symmetry = symmetry_classes(place(ir, resolved), cluster)
     assert symmetry is not None
     compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster))
-    across = reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
+    across = bool(
+        classes_reading_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
+    )
     assert across == (stops is not None)
     compilation = _TaskGraphCompilation(compiler, resolved, symmetry.placement, symmetry)
     if stops:
@@ -280,7 +281,7 @@ def test_resnet_with_one_op_group_off_a_device_group_compiles_by_refined_classes
     symmetry = symmetry_classes(placement, cluster)
     assert symmetry is not None
     compiler = evaluator.compiler
-    assert reads_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
+    assert classes_reading_across_layouts(symmetry, compiler.slice_producer, compiler.slice_reader)
     assert _same(evaluator, strategy)
     classes = evaluator.evaluate(strategy).compiled.symmetry
     assert classes.members.max() > 1
