@@ -107,6 +107,9 @@ _REMEMBERED_INSTANCES = 500_000  # instances whose published outputs a compiler 
 _REMEMBERED_BYTES = 256 << 20  # about what the fragments and crossings a compiler keeps hold
 _NAME_BYTES = 64  # about what a task's name holds (a reference, most a string of its own)
 _COPY_BYTES = 128  # about what a copy a fragment exports holds (a tuple, its numbers)
+# compiled by class while the quotient keeps at most this share of the instances: past it
+# a compile by class costs what one per GPU does (its fragments are kept apart, too)
+_CLASSES_WORTH_SHARE = 0.75
 
 
 class _Copy(NamedTuple):
@@ -1326,9 +1329,6 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
-# compiled by class while the quotient keeps at most this share of the instances: past it
-# a compile by class costs what one per GPU does (its fragments are kept apart, too)
-_CLASSES_WORTH_SHARE = 0.75
 _COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 
