@@ -162,17 +162,16 @@ def refined_for_reads(
     pieces as the per-GPU compile does, so the result is still the per-GPU simulation;
     the classes no such read touches (other machines, other op groups' device groups)
     are still compiled once."""
+    if symmetry.placement.num_instances > most_instances:
+        return None
     on_device = np.bincount(placement.inst_device, minlength=len(symmetry.representative))
-    while True:
-        representative = symmetry.representative
-        if on_device[representative == np.arange(len(representative))].sum() > most_instances:
-            return None
-        split = classes_reading_across_layouts(symmetry, producer, reader)
-        if not split:
-            return symmetry
-        representative = representative.copy()
+    while split := classes_reading_across_layouts(symmetry, producer, reader):
+        representative = symmetry.representative.copy()
         alone = np.isin(representative, np.fromiter(split, np.int32, len(split)))
         representative[alone] = np.flatnonzero(alone)
+        # the quotient keeps the instances on the representatives: count them before making it
+        if on_device[representative == np.arange(len(representative))].sum() > most_instances:
+            return None
         members = np.bincount(representative, minlength=len(representative)).astype(np.int32)
         if members.max() < 2:
             return None
@@ -180,6 +179,7 @@ def refined_for_reads(
         if quotient is None:
             return None
         symmetry = Symmetry(representative, members, quotient)
+    return symmetry
 
 
 def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:

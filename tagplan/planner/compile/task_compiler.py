@@ -660,9 +660,8 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         """Compiled by class, a GPU standing for several that gathers or cuts pieces of
         another layout, or holds one of them, falls back to the per-GPU compile: its
         members' rows meet the pieces at different offsets (:mod:`.symmetry`)."""
-        members = self.members
-        if members[device] > 1 or any(members[c.device] > 1 for c in covering):
-            raise Asymmetric("a reader gathers or cuts pieces of another layout")
+        for gpu in (device, *(c.device for c in covering)):
+            self._single(gpu, "a reader gathers or cuts pieces of another layout")
 
     def _class_size(self, device: int) -> int:
         return self.members[device]
