@@ -31,37 +31,50 @@ closest rule picks), a hub that is a member of a class, a class gathering slices
 first member would then hand the whole tensor to the rest, replicas reading rows laid out
 differently (a hub that is no member, a GPU holding a whole tensor a class reads rows
 of, cuts every member's rows in one ``Split``, so they arrive alike). The compiler raises
-:class:`Asymmetric` there and the evaluator compiles the strategy per GPU instead
-(:class:`~tagplan.planner.evaluate.Evaluator`), which stays the reference
-(``by_class=False``). The most common of these, replicas reading rows laid out
-differently (an op group on other device groups than its producer's), is seen in the
-quotient placement before compiling (:func:`classes_reading_across_layouts`): the classes
-that read or hold such rows are split into single GPUs (:func:`refined_for_reads`), each
-gathering or cutting its own pieces as per GPU, and the classes no such read touches are
-still compiled once.
+:class:`Asymmetric` there, naming the classes, and the compile splits them into single
+GPUs (:func:`split_classes`) and tries again, until it compiles or the classes would keep
+too many instances to be worth it; then the strategy is compiled per GPU, which stays the
+reference (``by_class=False``). Two cases are seen in the quotient placement before
+compiling (:func:`refined_for_reads`): replicas reading rows laid out differently (an op
+group on other device groups than its producer's, :func:`classes_reading_across_layouts`),
+and a class whose split instance covers the whole batch where the same tensor is also
+held whole (:func:`classes_holding_rows_as_whole`: the class's piece and the whole copy
+would pass for each other, where per GPU each member cuts or gathers its own rows). The
+classes they touch become single GPUs, each gathering or cutting its own pieces as per
+GPU; the classes no such rule touches are still compiled once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from tagplan.planner.compile.placement import Placement
+from tagplan.planner.csr import row_ranges
 from tagplan.planner.strategy import Mode
 from tagplan.planner.topology import Cluster
 
 __all__ = [
     "Asymmetric",
     "Symmetry",
+    "classes_holding_rows_as_whole",
     "classes_reading_across_layouts",
     "refined_for_reads",
+    "split_classes",
     "symmetry_classes",
 ]
 
 
 class Asymmetric(Exception):
-    """A compile rule singles out one member of a symmetry class: compile per GPU."""
+    """A compile rule singles out one member of the classes of ``devices`` (their
+    representatives): compile with those classes split (:func:`split_classes`), or per
+    GPU."""
+
+    def __init__(self, rule: str, devices: tuple[int, ...]) -> None:
+        super().__init__(rule)
+        self.devices = devices
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,43 +156,81 @@ def classes_reading_across_layouts(
     return found
 
 
+def classes_holding_rows_as_whole(
+    symmetry: Symmetry, access_op: np.ndarray, access_tensor: np.ndarray
+) -> set[int]:
+    """The representatives of the classes of several GPUs on which one batch tensor is
+    both held whole (made or read by an op that is not split) and held or read by rows
+    as a split op whose instance there covers the whole batch (``access_op[i]`` makes or
+    reads ``access_tensor[i]``). Compiled by class, that instance's rows are the whole
+    batch, so the whole copy and the class's piece would pass for each other, where per
+    GPU every member cuts its own rows from the whole or gathers the whole from the
+    members' pieces: such a class is split (:func:`refined_for_reads`)."""
+    quotient, members = symmetry.placement, symmetry.members
+    instances, counts = row_ranges(quotient.inst_ptr, access_op)
+    device = quotient.inst_device[instances]
+    split = (quotient.op_mode == Mode.SPLIT)[np.repeat(access_op, counts)]
+    covering = (
+        split
+        & (quotient.inst_lo[instances] == 0)
+        & (quotient.inst_hi[instances] == quotient.batch_size)
+    )
+    shared = members[device] > 1
+    num_devices = np.int64(len(members))
+    key = np.repeat(access_tensor.astype(np.int64), counts) * num_devices + device
+    both = np.intersect1d(key[shared & covering], key[shared & ~split])
+    return set((both % num_devices).tolist())
+
+
 def refined_for_reads(
     symmetry: Symmetry,
     placement: Placement,
     producer: np.ndarray,
     reader: np.ndarray,
+    access: tuple[np.ndarray, np.ndarray],
     *,
     most_instances: int,
 ) -> Symmetry | None:
     """``symmetry`` with every class that reads, or holds pieces read as, rows laid out
-    otherwise (:func:`classes_reading_across_layouts`) split into single GPUs, again until
-    none does; ``None`` when the classes left would keep more than ``most_instances`` of
-    the placement's instances (splitting only adds instances: a compile by class then
-    costs what one per GPU does) or no class of several GPUs is left.
-
-    A finer partition keeps the invariance the module docstring rests on (a permutation
-    inside a smaller class is one inside the larger), and single GPUs gather or cut their
-    pieces as the per-GPU compile does, so the result is still the per-GPU simulation;
-    the classes no such read touches (other machines, other op groups' device groups)
-    are still compiled once."""
+    otherwise (:func:`classes_reading_across_layouts`), or holds a batch tensor's rows as
+    its whole (:func:`classes_holding_rows_as_whole`, ``access``: its ops and tensors)
+    split into single GPUs, again until none does; ``None`` when the classes left would
+    keep more than ``most_instances`` of the placement's instances (splitting only adds
+    instances: a compile by class then costs what one per GPU does) or no class of
+    several GPUs is left. Single GPUs gather or cut their pieces as the per-GPU compile
+    does (:func:`split_classes`); the classes no such read touches (other machines, other
+    op groups' device groups) are still compiled once."""
     if symmetry.placement.num_instances > most_instances:
         return None
-    on_device = np.bincount(placement.inst_device, minlength=len(symmetry.representative))
-    while split := classes_reading_across_layouts(symmetry, producer, reader):
-        representative = symmetry.representative.copy()
-        alone = np.isin(representative, np.fromiter(split, np.int32, len(split)))
-        representative[alone] = np.flatnonzero(alone)
-        # the quotient keeps the instances on the representatives: count them before making it
-        if on_device[representative == np.arange(len(representative))].sum() > most_instances:
-            return None
-        members = np.bincount(representative, minlength=len(representative)).astype(np.int32)
-        if members.max() < 2:
-            return None
-        quotient = _quotient_placement(placement, representative, members)
-        if quotient is None:
-            return None
-        symmetry = Symmetry(representative, members, quotient)
+    while symmetry is not None and (
+        split := classes_reading_across_layouts(symmetry, producer, reader)
+        | classes_holding_rows_as_whole(symmetry, *access)
+    ):
+        symmetry = split_classes(symmetry, placement, split, most_instances=most_instances)
     return symmetry
+
+
+def split_classes(
+    symmetry: Symmetry, placement: Placement, devices: Iterable[int], *, most_instances: int
+) -> Symmetry | None:
+    """``symmetry`` with the classes of ``devices`` (representatives) split into single
+    GPUs; ``None`` when the classes left would keep more than ``most_instances`` of the
+    placement's instances or none of several GPUs is left. A finer partition keeps the
+    invariance of the module docstring: a permutation inside a smaller class is one inside
+    the larger, and a single GPU is compiled as per GPU."""
+    representative = symmetry.representative.copy()
+    wanted = np.fromiter(devices, dtype=np.int32)
+    alone = np.isin(representative, wanted)
+    representative[alone] = np.flatnonzero(alone)
+    # the quotient keeps the instances on the representatives: count them before making it
+    on_device = np.bincount(placement.inst_device, minlength=len(representative))
+    if on_device[representative == np.arange(len(representative))].sum() > most_instances:
+        return None
+    members = np.bincount(representative, minlength=len(representative)).astype(np.int32)
+    if members.max() < 2:
+        return None
+    quotient = _quotient_placement(placement, representative, members)
+    return None if quotient is None else Symmetry(representative, members, quotient)
 
 
 def symmetry_classes(placement: Placement, cluster: Cluster) -> Symmetry | None:

@@ -75,6 +75,7 @@ from tagplan.planner.compile.symmetry import (
     Asymmetric,
     Symmetry,
     refined_for_reads,
+    split_classes,
     symmetry_classes,
 )
 from tagplan.planner.compile.task_builder import (
@@ -304,6 +305,14 @@ class TaskCompiler:
         ]
         pairs = np.array(sorted(set(slices)), dtype=np.int64).reshape(-1, 2)
         self.slice_producer, self.slice_reader = pairs[:, 0], pairs[:, 1]
+        # every op making or reading a batch tensor, and the tensor
+        carried = ir.tensor_batch_axis >= 0
+        made = np.flatnonzero(carried)
+        read = carried[ir.op_input_tensor]
+        self.batch_access = (
+            np.concatenate([ir.tensor_producer[made], ir.input_reader[read]]).astype(np.int64),
+            np.concatenate([made, ir.op_input_tensor[read]]).astype(np.int64),
+        )
         self._instance_names: list[list[str]] = [[] for _ in range(ir.num_ops)]
         self.op_signature = self._output_signatures()
         self._outputs: dict[tuple, _Outputs] = {}
@@ -346,28 +355,34 @@ class TaskCompiler:
         """The task graph of one resolved strategy (``placement``: its placement, when
         already made); ``by_class`` compiles each symmetry class of GPUs once
         (:mod:`.symmetry`; the classes reading rows laid out otherwise split into single
-        GPUs first) where the strategy has classes that leave out at least a quarter of
-        its instances and no rule singles out a member, else per GPU."""
+        GPUs first, and a class a rule singles out a member of split and the compile
+        tried again) while the classes leave out at least a quarter of the strategy's
+        instances, else per GPU."""
         if placement is None:
             placement = place(self.ir, resolved)
         with _collector_paused():
             if by_class and resolved.pipeline is None:  # micro-batch rows are not contiguous
+                most = int(_CLASSES_WORTH_SHARE * placement.num_instances)
                 symmetry = symmetry_classes(placement, self.cluster)
-                if symmetry is not None:
+                while symmetry is not None:
                     symmetry = refined_for_reads(
                         symmetry,
                         placement,
                         self.slice_producer,
                         self.slice_reader,
-                        most_instances=int(_CLASSES_WORTH_SHARE * placement.num_instances),
+                        self.batch_access,
+                        most_instances=most,
                     )
-                if symmetry is not None:
+                    if symmetry is None:
+                        break
                     try:
                         return _TaskGraphCompilation(
                             self, resolved, symmetry.placement, symmetry
                         ).compile()
-                    except Asymmetric:
-                        pass
+                    except Asymmetric as refused:
+                        symmetry = split_classes(
+                            symmetry, placement, refused.devices, most_instances=most
+                        )
             return _TaskGraphCompilation(self, resolved, placement).compile()
 
     def outputs(
@@ -550,13 +565,13 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         senders, receivers = self.members[copy.device], self.members[dst]
         if copy.kind == FULL or copy.shared_by:
             if senders > 1:
-                raise Asymmetric("a whole copy fetched from one member of a class")
+                raise Asymmetric("a whole copy fetched from one member of a class", (copy.device,))
             return receivers, 1
         if receivers == 1:
             return 1, senders
         if senders == receivers:
             return 1, 1
-        raise Asymmetric("pieces between classes of different sizes")
+        raise Asymmetric("pieces between classes of different sizes", (copy.device, dst))
 
     def _transfer(self, tensor: int, copy: _Copy, dst: int, group: int) -> _Copy:
         fixed = self.fixed
@@ -654,7 +669,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         """Compiled by class, a rule that would single out one member of ``device``'s
         class falls back to the per-GPU compile (:class:`~.symmetry.Asymmetric`)."""
         if self.members[device] > 1:
-            raise Asymmetric(rule)
+            raise Asymmetric(rule, (device,))
 
     def _check_covering(self, device: int, covering: list[_Copy]) -> None:
         """Compiled by class, a GPU standing for several that gathers or cuts pieces of

@@ -11,6 +11,7 @@ from tagplan.planner.compile import task_compiler
 from tagplan.planner.compile.placement import place
 from tagplan.planner.compile.symmetry import (
     Asymmetric,
+    classes_holding_rows_as_whole,
     classes_reading_across_layouts,
     refined_for_reads,
     symmetry_classes,
@@ -232,15 +233,19 @@ def test_classes_no_read_across_layouts_touches_compile_once(
     assert symmetry is not None
     assert symmetry.representative.tolist() == [0, 1, 1, 1, 4, 4, 4, 4, 8, 8, 8, 8] + [12] * 4
     evaluator = Evaluator(ir, cluster)
-    producer, reader = evaluator.compiler.slice_producer, evaluator.compiler.slice_reader
+    compiler = evaluator.compiler
+    producer, reader, access = compiler.slice_producer, compiler.slice_reader, compiler.batch_access
     assert classes_reading_across_layouts(symmetry, producer, reader) == {4, 8, 12}
     every = placement.num_instances
-    refined = refined_for_reads(symmetry, placement, producer, reader, most_instances=every)
+    refined = refined_for_reads(symmetry, placement, producer, reader, access, most_instances=every)
     assert refined is not None
     assert refined.representative.tolist() == [0, 1, 1, 1, *range(4, 16)]
     kept = refined.placement.num_instances
     assert symmetry.placement.num_instances < kept < every
-    assert refined_for_reads(symmetry, placement, producer, reader, most_instances=kept - 1) is None
+    assert (
+        refined_for_reads(symmetry, placement, producer, reader, access, most_instances=kept - 1)
+        is None
+    )
     assert evaluator.evaluate(strategy).compiled.symmetry is None
     monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
     evaluator = Evaluator(ir, cluster)
@@ -287,3 +292,57 @@ def test_resnet_with_one_op_group_off_a_device_group_compiles_by_refined_classes
     assert classes.members.max() > 1
     unrefined, refined = (len(np.unique(s.representative)) for s in (symmetry, classes))
     assert unrefined < refined < cluster.num_devices
+
+
+def _mixed_strategy(evaluator: Evaluator, key: tuple[int, ...]) -> Strategy:
+    """The strategy a search over six op groups reaches at ``key``."""
+    ir, cluster, costs = evaluator.ir, evaluator.cluster, evaluator.costs
+    space = ActionSpace(ir, cluster, costs)
+    grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, costs), max_groups=6)
+    return StrategySearch(evaluator, grouping, space, reference_step_s=1.0).strategy_of(key)
+
+
+def test_a_class_holding_rows_as_whole_is_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small CNN on three machines of four T4s, its six op groups mixed so that the
+    loss's gradient is tiled whole on the third machine's GPUs and read there by rows by
+    a layer data-parallel over that machine alone: that class's instance covers the whole
+    batch, where per GPU each member cuts its four rows out of its whole copy. The class
+    is split (compiled as one, the cuts went missing), the other machines' classes stay,
+    and the simulation is the per-GPU one."""
+    monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
+    evaluator = Evaluator(_zoo("small_cnn"), CLUSTERS["slow 3x4"]())
+    strategy = _mixed_strategy(evaluator, (22, 19, 23, 1, 13, 0))
+    placement = place(evaluator.ir, resolve(strategy, evaluator.ir, evaluator.cluster))
+    symmetry = symmetry_classes(placement, evaluator.cluster)
+    assert symmetry is not None
+    assert classes_holding_rows_as_whole(symmetry, *evaluator.compiler.batch_access)
+    assert _same(evaluator, strategy)
+    assert evaluator.evaluate(strategy).compiled.symmetry.members.max() > 1
+
+
+def test_a_class_a_rule_singles_out_is_split_and_compiled_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where a rule singles out a member of a class (a class gathering a split tensor, a
+    whole copy fetched from one member), the compile splits that class into single GPUs
+    and tries again instead of compiling every GPU: on the strategies of every kind,
+    some compile by class after such a refusal, all as they do per GPU."""
+    monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
+    refused: list[tuple[int, ...]] = []
+    compile_by_class = _TaskGraphCompilation.compile
+
+    def noting(self: _TaskGraphCompilation):
+        try:
+            return compile_by_class(self)
+        except Asymmetric as refusal:
+            refused.append(refusal.devices)
+            raise
+
+    monkeypatch.setattr(_TaskGraphCompilation, "compile", noting)
+    evaluator = Evaluator(_zoo("small_cnn"), CLUSTERS["slow 3x4"]())
+    after_refusal = 0
+    for strategy in _strategies(evaluator):
+        refused.clear()
+        by_class = _same(evaluator, strategy)
+        after_refusal += by_class and bool(refused)
+    assert after_refusal > 0
