@@ -26,11 +26,12 @@ member's memory follows the representative's. Step time, per-GPU peak memory and
 equal (up to the order of floating-point sums).
 
 The invariance holds for the compiler's rules only while no rule singles out one member:
-a whole copy held by every member of a class and fetched from its first (the copy the
-closest rule picks), a hub that is a member of a class, a class gathering slices whose
-first member would then hand the whole tensor to the rest, replicas reading rows laid out
-differently (a hub that is no member, a GPU holding a whole tensor a class reads rows
-of, cuts every member's rows in one ``Split``, so they arrive alike). The compiler raises
+a whole copy or a replica's own value (a shape, a batch statistic) held by every member
+of a class and fetched from its first (the copy the closest rule picks), a hub that is a
+member of a class, a class gathering slices whose first member would then hand the whole
+tensor to the rest, replicas reading rows laid out differently (a hub that is no
+member, a GPU holding a whole tensor a class reads rows of, cuts every member's rows in
+one ``Split``, so they arrive alike). The compiler raises
 :class:`Asymmetric` there, naming the classes, and the compile splits them into single
 GPUs (:func:`split_classes`) and tries again, until it compiles or the classes would keep
 too many instances to be worth it; then the strategy is compiled per GPU, which stays the

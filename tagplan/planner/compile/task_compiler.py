@@ -86,6 +86,7 @@ from tagplan.planner.compile.task_builder import (
 )
 from tagplan.planner.compile.transport import (
     FULL,
+    LOCAL,
     SLICE,
     SUM,
     TransportRules,
@@ -558,12 +559,13 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
     def _flows(self, copy: _Copy, dst: int) -> tuple[int, int]:
         """Flows per sending and per receiving GPU when the classes of ``copy`` and
-        ``dst`` exchange it (:mod:`.symmetry`): a whole copy, or the pieces a hub cut for
-        a class, from one GPU to each member; each member's piece to one GPU; or member
-        to member between classes with the same rows. Anything else singles out a
+        ``dst`` exchange it (:mod:`.symmetry`): a whole copy, a replica's own value (per
+        GPU every reader fetches the closest replica's, the same one), or the pieces a hub
+        cut for a class, from one GPU to each member; each member's piece to one GPU; or
+        member to member between classes with the same rows. Anything else singles out a
         member."""
         senders, receivers = self.members[copy.device], self.members[dst]
-        if copy.kind == FULL or copy.shared_by:
+        if copy.kind in (FULL, LOCAL) or copy.shared_by:  # a replica's own value is whole
             if senders > 1:
                 raise Asymmetric("a whole copy fetched from one member of a class", (copy.device,))
             return receivers, 1

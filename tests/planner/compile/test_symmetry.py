@@ -346,3 +346,29 @@ def test_a_class_a_rule_singles_out_is_split_and_compiled_again(
         by_class = _same(evaluator, strategy)
         after_refusal += by_class and bool(refused)
     assert after_refusal > 0
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster_name", "key", "classes_left"),
+    [
+        ("small_cnn", "slow 3x4", (22, 19, 23, 1, 13, 0), True),
+        ("small_cnn", "mixed", (21, 50, 19, 48, 26, 17), True),
+        ("mlp", "scale:32", (19, 15, 31, 20, 14, 39), True),
+        ("mlp", "slow 3x4", (26, 8, 8, 2, 21, 4), False),
+    ],
+)
+def test_mixes_that_once_simulated_otherwise_by_class(
+    model: str,
+    cluster_name: str,
+    key: tuple[int, ...],
+    classes_left: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mixed strategies of six op groups that compiled by class but simulated otherwise
+    than per GPU: a class's piece taken for a whole copy (the members' cuts missing, a
+    step 0.8% short on the last), a replica's shape fetched from every member of a class
+    where per GPU a reader fetches one replica's (16 bytes more on two GPUs). They
+    simulate as per GPU, by the classes the rules leave (the last: none)."""
+    monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
+    evaluator = Evaluator(_zoo(model), CLUSTERS[cluster_name]())
+    assert _same(evaluator, _mixed_strategy(evaluator, key)) == classes_left
