@@ -124,8 +124,10 @@ def classes_reading_across_layouts(
 ) -> set[int]:
     """The representatives of the classes of several GPUs that read, or hold pieces
     read as, rows of a split producer's batch tensor that no piece of it holds as they
-    are (``producer[i]`` -> ``reader[i]``, both split): the rule that gathers or cuts
-    pieces of another layout singles out their members (:class:`Asymmetric`).
+    are (``producer[i]`` -> ``reader[i]``, both split), or holds them on a class of
+    another size (its members' pieces are halves, thirds... of what each reader reads,
+    or the reverse): the rule that gathers or cuts pieces of another layout singles out
+    their members (:class:`Asymmetric`).
 
     Checked on the quotient placement before compiling, so that a strategy whose compile
     by class would stop there is refined first (:func:`refined_for_reads`) rather than
@@ -148,10 +150,10 @@ def classes_reading_across_layouts(
             continue
         seen.add(layouts)
         pieces = range(ptr[p], ptr[p + 1])
-        held = {(int(lo[i]), int(hi[i])) for i in pieces}
+        held = {(int(lo[i]), int(hi[i])): int(members[device[i]]) for i in pieces}
         for i in range(ptr[r], ptr[r + 1]):
-            if (int(lo[i]), int(hi[i])) in held:
-                continue
+            if held.get((int(lo[i]), int(hi[i]))) == members[device[i]]:
+                continue  # held as read, member by member
             covering = [j for j in pieces if lo[j] < hi[i] and hi[j] > lo[i]]
             found |= {int(device[k]) for k in (i, *covering) if members[device[k]] > 1}
     return found

@@ -75,10 +75,9 @@ def op_stages(
     for op in graph.forward_list[::-1]:  # forward ops without batch: first reader
         if staged[op] < 0:
             staged[op] = _first_reader(staged, readers[op], default=-1)
-    activations = graph.cut_mask if by_layer else [False] * ir.num_ops
     for op in range(ir.num_ops):  # backward ops: with the activations of their layer
         if staged[op] < 0:
-            staged[op] = _backward_stage(graph, staged, activations, op)
+            staged[op] = _backward_stage(graph, staged, by_layer, op)
     for op in range(ir.num_ops - 1, -1, -1):  # reading nothing staged: first reader
         if staged[op] < 0:
             staged[op] = _first_reader(staged, readers[op], default=num_stages - 1)
@@ -114,11 +113,11 @@ def variable_atoms(ir: GraphIR) -> tuple[np.ndarray, np.ndarray]:
 class _StageGraph:
     """What the cuts walk of one graph, the same for every layout: the forward ops and
     the micro-batched ones among them (``cut_*``, in topological order, with the bytes
-    a cut before each crosses), per op its readers, the producers of its inputs and
-    whether each input is a replica's shape (``shape_inputs``) or batch data
-    (``data_inputs``), whether it makes shapes only; per tensor its bytes, producer and
-    readers; and the backward ops that label propagation may move. Python lists: the
-    walks visit ops one by one."""
+    a cut before each crosses), per op its readers, the producers of its inputs (all of
+    them; those of a replica's shapes, of batch data, of micro-batched forward outputs),
+    whether it makes shapes only, and the bytes its inputs and outputs weigh where they
+    are made and read; and the backward ops that label propagation may move. Python
+    lists: the walks visit ops one by one."""
 
     forward: np.ndarray  # bool per op
     forward_list: list[int]
@@ -128,14 +127,12 @@ class _StageGraph:
     crossing: np.ndarray
     readers: list[list[int]]
     producers: list[list[int]]
-    shape_inputs: list[list[bool]]
-    data_inputs: list[list[bool]]
+    shape_producers: list[list[int]]
+    data_producers: list[list[int]]
+    layer_producers: list[list[int]]  # of outputs of micro-batched forward ops
     makes_shapes: list[bool]
-    inputs: list[list[int]]
-    outputs: list[range]
-    tensor_bytes: list[int]
-    tensor_producer: list[int]
-    consumers: list[list[int]]
+    input_bytes: list[list[tuple[int, int]]]  # per input: its producer, its bytes
+    output_bytes: list[list[tuple[list[int], int]]]  # per output: its readers, its bytes
     movable_list: list[int]
     movable_readers: list[list[int]]  # per op, the movable ops reading its outputs
     movable_producers: list[list[int]]  # per op, the movable ops making its inputs
@@ -155,23 +152,24 @@ def _stage_graph(ir: GraphIR) -> _StageGraph:
     movable = _movable(ir, forward).tolist()
     readers = _readers(ir)
     producers = [[producer[t] for t in tensors] for tensors in inputs]
+    nbytes = ir.tensor_bytes.tolist()
+    consumers = [ir.consumers(t).tolist() for t in range(ir.num_tensors)]
+    cut_mask = cut.tolist()
     return _StageGraph(
         forward=forward,
         forward_list=np.flatnonzero(forward).tolist(),
         cut_ops=cut_ops,
         cut_list=cut_ops.tolist(),
-        cut_mask=cut.tolist(),
+        cut_mask=cut_mask,
         crossing=_crossing_bytes(ir, cut_ops),
         readers=readers,
         producers=producers,
-        shape_inputs=[[shape[t] for t in tensors] for tensors in inputs],
-        data_inputs=[[carries[t] for t in tensors] for tensors in inputs],
+        shape_producers=[[producer[t] for t in tensors if shape[t]] for tensors in inputs],
+        data_producers=[[producer[t] for t in tensors if carries[t]] for tensors in inputs],
+        layer_producers=[[p for p in found if cut_mask[p]] for found in producers],
         makes_shapes=[len(out) > 0 and all(shape[t] for t in out) for out in outputs],
-        inputs=inputs,
-        outputs=outputs,
-        tensor_bytes=ir.tensor_bytes.tolist(),
-        tensor_producer=producer,
-        consumers=[ir.consumers(t).tolist() for t in range(ir.num_tensors)],
+        input_bytes=[[(producer[t], nbytes[t]) for t in tensors] for tensors in inputs],
+        output_bytes=[[(consumers[t], nbytes[t]) for t in out] for out in outputs],
         movable_list=[op for op in range(ir.num_ops) if movable[op]],
         movable_readers=[[r for r in found if movable[r]] for found in readers],
         movable_producers=[[p for p in found if movable[p]] for found in producers],
@@ -199,7 +197,6 @@ def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
     rather than staying where it came from. Only the movable ops move (:func:`_movable`).
     An op is weighed again only once a neighbour has moved since it was last weighed: its
     choice depends on nothing else, so the sweeps end as if every op were weighed."""
-    nbytes, producer, consumers = graph.tensor_bytes, graph.tensor_producer, graph.consumers
     dirty = set(graph.movable_list)
     for _ in range(_SETTLE_SWEEPS):
         moved = 0
@@ -208,14 +205,12 @@ def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
                 continue
             dirty.discard(op)
             cost: dict[int, float] = {}
-            inputs = graph.inputs[op]
-            for tensor in inputs:
-                where = stage[producer[tensor]]
-                cost[where] = cost.get(where, 0.0) + nbytes[tensor]
-            outputs = graph.outputs[op]
-            for tensor in outputs:
-                for where in {stage[c] for c in consumers[tensor]}:
-                    cost[where] = cost.get(where, 0.0) + nbytes[tensor]
+            for made_by, nbytes in graph.input_bytes[op]:
+                where = stage[made_by]
+                cost[where] = cost.get(where, 0.0) + nbytes
+            for readers, nbytes in graph.output_bytes[op]:
+                for where in {stage[c] for c in readers}:
+                    cost[where] = cost.get(where, 0.0) + nbytes
             # the backward pass goes stage by stage back: not below what it feeds,
             # not above the gradients it reads
             low = max((stage[c] for c in graph.movable_readers[op]), default=0)
@@ -235,27 +230,22 @@ def _settle_backward(graph: _StageGraph, stage: list[int]) -> None:
             break
 
 
-def _backward_stage(graph: _StageGraph, stage: list[int], activations: list[bool], op: int) -> int:
+def _backward_stage(graph: _StageGraph, stage: list[int], by_layer: bool, op: int) -> int:
     """The stage of an op outside the forward pass: where the replica shapes it reads were
-    taken; else the latest stage among the outputs of micro-batched forward ops it reads
-    (``activations`` marks those ops; its layer's activations and saved statistics, which
-    must be read where they were made, not a mask or an encoder output every later stage
-    reads); without any, the earliest among the batch data it reads (gradients coming
-    back), else among all it reads; -1 when nothing it reads is staged yet."""
-    producers = graph.producers[op]
-    shapes = [
-        stage[p] for p, is_shape in zip(producers, graph.shape_inputs[op], strict=True) if is_shape
-    ]
+    taken; else, ``by_layer``, the latest stage among the outputs of micro-batched forward
+    ops it reads (its layer's activations and saved statistics, which must be read where
+    they were made, not a mask or an encoder output every later stage reads); without
+    any, the earliest among the batch data it reads (gradients coming back), else among
+    all it reads; -1 when nothing it reads is staged yet."""
+    shapes = [stage[p] for p in graph.shape_producers[op]]
     if shapes and max(shapes) >= 0:  # a replica's shape is read where it was taken
         return max(shapes)
-    made = [stage[p] for p in producers if activations[p]]
-    if made and max(made) >= 0:
-        return max(made)
-    data = [
-        stage[p] for p, is_data in zip(producers, graph.data_inputs[op], strict=True) if is_data
-    ]
-    for staged in (data, [stage[p] for p in producers]):
-        found = [s for s in staged if s >= 0]
+    if by_layer:
+        made = [stage[p] for p in graph.layer_producers[op]]
+        if made and max(made) >= 0:
+            return max(made)
+    for producers in (graph.data_producers[op], graph.producers[op]):
+        found = [s for s in [stage[p] for p in producers] if s >= 0]
         if found:
             return min(found)
     return -1

@@ -355,6 +355,8 @@ def test_a_class_a_rule_singles_out_is_split_and_compiled_again(
         ("small_cnn", "mixed", (21, 50, 19, 48, 26, 17), True),
         ("mlp", "scale:32", (19, 15, 31, 20, 14, 39), True),
         ("mlp", "slow 3x4", (26, 8, 8, 2, 21, 4), False),
+        ("small_cnn", "random:4", (18, 14, 47, 52, 4, 3), True),
+        ("tiny_wide_deep", "random:4", (41, 2, 48, 43, 10, 36), True),
     ],
 )
 def test_mixes_that_once_simulated_otherwise_by_class(
@@ -366,9 +368,11 @@ def test_mixes_that_once_simulated_otherwise_by_class(
 ) -> None:
     """Mixed strategies of six op groups that compiled by class but simulated otherwise
     than per GPU: a class's piece taken for a whole copy (the members' cuts missing, a
-    step 0.8% short on the last), a replica's shape fetched from every member of a class
-    where per GPU a reader fetches one replica's (16 bytes more on two GPUs). They
-    simulate as per GPU, by the classes the rules leave (the last: none)."""
+    step 0.8% short on the fourth), a replica's shape fetched from every member of a class
+    where per GPU a reader fetches one replica's (16 bytes more on two GPUs), a class's
+    piece read as it is by one GPU where per GPU it gathers the members' pieces (the
+    concatenation missing). They simulate as per GPU, by the classes the rules leave (the
+    fourth: none)."""
     monkeypatch.setattr(task_compiler, "_CLASSES_WORTH_SHARE", 1.0)
     evaluator = Evaluator(_zoo(model), CLUSTERS[cluster_name]())
     assert _same(evaluator, _mixed_strategy(evaluator, key)) == classes_left
