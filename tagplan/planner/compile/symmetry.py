@@ -31,11 +31,11 @@ of a class and fetched from its first (the copy the closest rule picks), a hub t
 member of a class, a class gathering slices whose first member would then hand the whole
 tensor to the rest, replicas reading rows laid out differently (a hub that is no
 member, a GPU holding a whole tensor a class reads rows of, cuts every member's rows in
-one ``Split``, so they arrive alike). The compiler raises
-:class:`Asymmetric` there, naming the classes, and the compile splits them into single
-GPUs (:func:`split_classes`) and tries again, until it compiles or the classes would keep
-too many instances to be worth it; then the strategy is compiled per GPU, which stays the
-reference (``by_class=False``). Two cases are seen in the quotient placement before
+one ``Split``, so they arrive alike). The compiler raises :class:`Asymmetric` there,
+naming the classes, and the compile splits them into single GPUs (:func:`split_classes`)
+and tries again, until it compiles or the classes would keep too many instances to be
+worth it; then the strategy is compiled per GPU, which stays the reference
+(``by_class=False``). Two cases are seen in the quotient placement before
 compiling (:func:`refined_for_reads`): replicas reading rows laid out differently (an op
 group on other device groups than its producer's, :func:`classes_reading_across_layouts`),
 and a class whose split instance covers the whole batch where the same tensor is also
@@ -123,10 +123,10 @@ def classes_reading_across_layouts(
     symmetry: Symmetry, producer: np.ndarray, reader: np.ndarray
 ) -> set[int]:
     """The representatives of the classes of several GPUs that read, or hold pieces
-    read as, rows of a split producer's batch tensor that no piece of it holds as they
-    are (``producer[i]`` -> ``reader[i]``, both split), or holds them on a class of
-    another size (its members' pieces are halves, thirds... of what each reader reads,
-    or the reverse): the rule that gathers or cuts pieces of another layout singles out
+    read as, rows of a split producer's batch tensor (``producer[i]`` -> ``reader[i]``,
+    both split) that no piece of it holds as they are, or that only a class of another
+    size holds (its members' pieces are halves, thirds... of what each reader reads, or
+    the reverse): the rule that gathers or cuts pieces of another layout singles out
     their members (:class:`Asymmetric`).
 
     Checked on the quotient placement before compiling, so that a strategy whose compile

@@ -565,7 +565,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
         member to member between classes with the same rows. Anything else singles out a
         member."""
         senders, receivers = self.members[copy.device], self.members[dst]
-        if copy.kind in (FULL, LOCAL) or copy.shared_by:  # a replica's own value is whole
+        if copy.kind in (FULL, LOCAL) or copy.shared_by:
             if senders > 1:
                 raise Asymmetric("a whole copy fetched from one member of a class", (copy.device,))
             return receivers, 1
@@ -669,14 +669,15 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
     def _single(self, device: int, rule: str) -> None:
         """Compiled by class, a rule that would single out one member of ``device``'s
-        class falls back to the per-GPU compile (:class:`~.symmetry.Asymmetric`)."""
+        class refuses (:class:`~.symmetry.Asymmetric`): that class is split and the
+        compile tried again."""
         if self.members[device] > 1:
             raise Asymmetric(rule, (device,))
 
     def _check_covering(self, device: int, covering: list[_Copy]) -> None:
         """Compiled by class, a GPU standing for several that gathers or cuts pieces of
-        another layout, or holds one of them, falls back to the per-GPU compile: its
-        members' rows meet the pieces at different offsets (:mod:`.symmetry`)."""
+        another layout, or holds one of them, refuses (:meth:`_single`): its members'
+        rows meet the pieces at different offsets (:mod:`.symmetry`)."""
         for gpu in (device, *(c.device for c in covering)):
             self._single(gpu, "a reader gathers or cuts pieces of another layout")
 

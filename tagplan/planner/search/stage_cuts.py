@@ -123,7 +123,6 @@ class _StageGraph:
     forward_list: list[int]
     cut_ops: np.ndarray
     cut_list: list[int]
-    cut_mask: list[bool]
     crossing: np.ndarray
     readers: list[list[int]]
     producers: list[list[int]]
@@ -160,7 +159,6 @@ def _stage_graph(ir: GraphIR) -> _StageGraph:
         forward_list=np.flatnonzero(forward).tolist(),
         cut_ops=cut_ops,
         cut_list=cut_ops.tolist(),
-        cut_mask=cut_mask,
         crossing=_crossing_bytes(ir, cut_ops),
         readers=readers,
         producers=producers,
