@@ -367,8 +367,8 @@ def test_mixes_that_once_simulated_otherwise_by_class(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Mixed strategies of six op groups that compiled by class but simulated otherwise
-    than per GPU: a class's piece taken for a whole copy (the members' cuts missing, a
-    step 0.8% short on the fourth), a replica's shape fetched from every member of a class
+    than per GPU: a class's piece taken for a whole copy (the members' cuts missing), a
+    step 0.8% short (the fourth), a replica's shape fetched from every member of a class
     where per GPU a reader fetches one replica's (16 bytes more on two GPUs), a class's
     piece read as it is by one GPU where per GPU it gathers the members' pieces (the
     concatenation missing). They simulate as per GPU, by the classes the rules leave (the
