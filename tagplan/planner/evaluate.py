@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, replace
 
@@ -93,6 +94,42 @@ class Evaluator:
         placement = place(self.ir, resolved)
         self._placed = (strategy, resolved, placement)
         return resolved, placement
+
+    def identity(self, strategy: Strategy) -> bytes:
+        """A digest of everything the compile and the simulation read of ``strategy``:
+        its placement (every op's instances: GPU, rows, mode), each op's group, each
+        group's resolved collective, gradient synchronization and bucket size, its
+        pipeline stages and micro-batches, and the parameters broadcast as sufficient
+        factors. The decisions' other fields (device groups, option, replicas, batch
+        shares, the parameter server's GPU, model-parallel placement) reach the compiler
+        through the placement alone, so two strategies of one identity compile to the
+        same task graph and simulate to the same step and memory: a search simulates
+        only the first of them. Costs a placement (kept for :meth:`evaluate`)."""
+        resolved, placement = self.placed(strategy)
+        digest = hashlib.sha256()  # the fastest of hashlib's on 64 GPUs' instances
+        for column in (
+            placement.op_mode,
+            placement.inst_ptr,
+            placement.inst_device,
+            placement.inst_lo,
+            placement.inst_hi,
+            resolved.op_group,
+            resolved.group_stage,
+            resolved.group_micro_batches,
+            resolved.sfb_parameters,
+        ):
+            digest.update(np.ascontiguousarray(column))
+            digest.update(b"|")
+        decisions = [
+            (str(collective), str(d.gradient_sync), d.bucket_bytes)
+            for collective, d in zip(
+                resolved.group_collective, resolved.group_decisions, strict=True
+            )
+        ]
+        pipeline = resolved.pipeline
+        digest.update(repr(decisions).encode())
+        digest.update(b"" if pipeline is None else pipeline.model_dump_json().encode())
+        return digest.digest()
 
     def evaluate(self, strategy: Strategy, *, by_class: bool | None = None) -> Evaluation:
         """Resolve, compile and simulate ``strategy`` (``by_class`` overrides the

@@ -878,6 +878,7 @@ class Planner:
             iterations=sum(o.iterations for o in outcomes),
             evaluations=sum(o.evaluations for o in outcomes),
             bounded=sum(o.bounded for o in outcomes),
+            transposed=sum(o.transposed for o in outcomes),
             first_better_iteration=min(
                 (o.first_better_iteration for o in outcomes if o.first_better_iteration),
                 default=None,

@@ -74,6 +74,7 @@ class PlanResult:
     comm_bound_s: float | None = None
     graphdef_deferred: bool = False
     bounded: int = 0  # strategies the search did not simulate: their step bound lost
+    transposed: int = 0  # nor these: each compiles as one it simulated
 
     def with_graphdef(self, graph_def: Any, ir: GraphIR, cluster: Cluster) -> PlanResult:
         """This result with its distributed GraphDef compiled over ``graph_def`` (the graph
@@ -152,6 +153,7 @@ class PlanResult:
             "iterations": self.iterations,
             "evaluations": self.evaluations,
             "bounded": self.bounded,
+            "transposed": self.transposed,
             "first_better_iteration": self.first_better_iteration,
             "peak_memory_bytes": self.peak_memory_bytes,
             "device_busy_fraction": {

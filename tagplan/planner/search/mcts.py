@@ -37,7 +37,12 @@ than the best step that fits so far (none can win:
 closes its own.
 
 Strategies are evaluated once: many vertices complete to the same strategy (a decision
-equal to the inherited one), and those cost a dictionary look-up. Once a strategy of
+equal to the inherited one), and those cost a dictionary look-up; different decisions
+that place and synchronize every op alike (an op group whose ops follow other groups'
+placement, a parameter server or an AllReduce for a group with no gradient) compile to the
+same task graph, and a strategy whose compile identity
+(:meth:`~tagplan.planner.evaluate.Evaluator.identity`) is one met before takes that one's
+score at the cost of a placement (a transposition, counted in ``transposed``). Once a strategy of
 TAG's decisions has been simulated, a new one is simulated only if its step bound
 (:mod:`~tagplan.planner.step_bound`, a tenth to a third of an evaluation) is below the best
 of theirs that fits and the best found before the search (the baselines'); otherwise it
@@ -151,6 +156,7 @@ class SearchOutcome:
     # "budget", "iterations", "converged", "exhausted", "target", "skipped"
     stop_reason: str = "budget"
     bounded: int = 0  # strategies not simulated: their step bound could not win
+    transposed: int = 0  # strategies not simulated: they compile as one simulated before
 
     @property
     def strategy(self) -> Strategy:
@@ -204,6 +210,8 @@ class _Scored:
     # bound, a lower bound; the reward the bound's scaled, StrategySearch._ruled_out)
     bounded: bool = False
     bound_s: float | None = None  # simulated: the step bound it passed first, if any
+    # the strategy (key) this one compiles identically to, whose score it took
+    same_as: tuple[int, ...] | None = None
 
 
 _NO_TASKS = np.zeros(0)
@@ -347,6 +355,8 @@ class StrategySearch:
         # bound first (in the shared scores, as another tree may have simulated it)
         self._step_over_bound: list[float] = []
         self._met: set[tuple[int, ...]] = set()
+        # compile identity (Evaluator.identity) -> the first key met with it
+        self._identities: dict[bytes, tuple[int, ...]] = {}
         self._payoff = _BoundPayoff()
         self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
@@ -407,6 +417,30 @@ class StrategySearch:
         found = self._scores.get(key)
         return self._bounded.get(key) if found is None else found
 
+    def _transposed(self, key: tuple[int, ...]) -> _Scored | None:
+        """The score of an earlier strategy of TAG's decisions that ``key``'s compiles to
+        the same task graph as (:meth:`~tagplan.planner.evaluate.Evaluator.identity`:
+        decisions that place and synchronize alike, such as two actions for an op group
+        whose ops follow other groups' placement), kept under ``key`` too: it would
+        simulate to the same step and memory, and its bound is that one's. ``None``
+        where no strategy met before compiles alike, or that one has no score yet."""
+        if is_pipelined_key(key):
+            return None
+        try:
+            identity = self.evaluator.identity(self.strategy_of(key))
+        except PlannerError:
+            return None  # the simulation refuses it and says why
+        same = self._identities.setdefault(identity, key)
+        found = None if same == key else self._scored(same)
+        if found is None:
+            return None
+        found = replace(found, same_as=same)
+        if found.bounded:
+            self._bounded[key] = found
+        else:
+            self._scores[key] = found
+        return found
+
     def _ruled_out(self, key: tuple[int, ...], beat_s: float) -> _Scored | None:
         """The score of a strategy of TAG's decisions whose step bound
         (:meth:`~tagplan.planner.evaluate.Evaluator.step_bound_s`: compute, the bytes that
@@ -445,7 +479,7 @@ class StrategySearch:
         """Note the ratio of step to bound of a simulated strategy the tree meets for the
         first time, whichever tree simulated it, so that the same walk scales ruled-out
         rewards alike."""
-        if scored.bounded or key in self._met:
+        if scored.bounded or scored.same_as is not None or key in self._met:
             return
         self._met.add(key)
         if scored.bound_s and not scored.oom:
@@ -666,7 +700,7 @@ class StrategySearch:
                     self._close(path)
                     continue
                 beat_s = self._beat_s(flat_best)
-                known = self._scored(key)
+                known = self._scored(key) or self._transposed(key)
                 if known is None:  # the first is bounded too, for the ratios of step to bound
                     known = self._ruled_out(key, math.inf if beat_s is None else beat_s)
                 if known is None and best_key is not None and self._would_overrun(key, deadline):
@@ -724,12 +758,15 @@ class StrategySearch:
             oom=best.oom,
             overflow_bytes=best.overflow_bytes,
             iterations=done,
-            evaluations=len(self._scores),
+            evaluations=sum(s.same_as is None for s in self._scores.values()),
             rejected=self.rejected,
             first_better_iteration=first_better,
             elapsed_s=time.perf_counter() - started,
             stop_reason=stop_reason,
-            bounded=len(self._bounded),
+            bounded=sum(s.same_as is None for s in self._bounded.values()),
+            transposed=sum(
+                s.same_as is not None for s in (*self._scores.values(), *self._bounded.values())
+            ),
         )
 
     def _improves(self, key: tuple[int, ...], than: tuple[int, ...]) -> bool:

@@ -190,8 +190,9 @@ def test_the_layout_root_values_an_edge_by_its_best_reward_on_the_best_scale() -
 
 
 def test_a_tree_whose_strategies_are_all_seen_stops_as_exhausted() -> None:
-    """Every strategy of the tree simulated or ruled out by its step bound; the best is a
-    simulated one, and no ruled-out strategy's bound is below it."""
+    """Every strategy of the tree simulated, ruled out by its step bound or compiled as
+    one of those; the best is a simulated one, and no ruled-out strategy's bound is below
+    it."""
     ir = zoo_ir("mlp")
     cluster = gpus("V100-16GB", 1, 2)  # one device group: four actions
     options = PlanOptions(sfb=False, max_groups=2, pipeline=False)  # TAG's decisions alone
@@ -201,7 +202,8 @@ def test_a_tree_whose_strategies_are_all_seen_stops_as_exhausted() -> None:
     groups = search.grouping.num_groups
     outcome = search.run(iterations=10_000)
     assert outcome.stop_reason == "exhausted"
-    assert outcome.evaluations + outcome.bounded == len(search.space) ** groups
+    seen = outcome.evaluations + outcome.bounded + outcome.transposed
+    assert seen == len(search.space) ** groups
     assert outcome.step_time_s == min(s.step_time_s for s in search._scores.values())
     assert all(s.step_time_s >= outcome.step_time_s for s in search._bounded.values())
 

@@ -202,6 +202,40 @@ def test_a_simulation_that_would_end_past_the_budget_is_not_started() -> None:
     assert outcome.elapsed_s < 2.5
 
 
+@pytest.mark.parametrize(
+    ("model", "cluster"),
+    [("mlp", "testbed"), ("small_cnn", "cloud"), ("tiny_wide_deep", "random:5")],
+)
+def test_strategies_that_compile_alike_are_simulated_once(model: str, cluster: str) -> None:
+    """A strategy whose compile identity (placement, op groups, collectives, gradient
+    synchronization, SFB) is that of one met before takes its score without a
+    simulation; simulated after all, each pair has the same step, per-GPU peak memory,
+    OOM and task graph, and the counts say which strategies were simulated."""
+    search = make_search(model, load_cluster(cluster))
+    outcome = search.run(iterations=60)
+    known = {**search._scores, **search._bounded}
+    pairs = [(key, s.same_as) for key, s in known.items() if s.same_as is not None]
+    assert outcome.transposed == len(pairs) > 0
+    assert outcome.evaluations + outcome.bounded + outcome.transposed == len(known)
+    evaluator = search.evaluator
+    for key, same in pairs:
+        assert key != same and known[same].same_as is None
+        assert known[key].step_time_s == known[same].step_time_s
+        a = evaluator.evaluate(search.strategy_of(key))
+        b = evaluator.evaluate(search.strategy_of(same))
+        assert evaluator.identity(a.strategy) == evaluator.identity(b.strategy)
+        assert a.step_time_s == b.step_time_s
+        assert a.result.oom == b.result.oom
+        np.testing.assert_array_equal(a.result.peak_memory_bytes, b.result.peak_memory_bytes)
+        ga, gb = a.compiled.task_graph, b.compiled.task_graph
+        assert ga.num_tasks == gb.num_tasks
+        np.testing.assert_array_equal(ga.task_duration_s, gb.task_duration_s)
+    # the identity tells apart what compiles otherwise: the simulated strategies' are distinct
+    simulated = [k for k, s in search._scores.items() if s.same_as is None]
+    identities = {evaluator.identity(search.strategy_of(k)) for k in simulated}
+    assert len(identities) == len(simulated)
+
+
 def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
     """Once a strategy fits, one whose step bound is no less than the best step is not
     simulated: simulated after all, each steps no faster than the search's best, which
@@ -210,8 +244,9 @@ def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
     stepped; the counts say which strategies were simulated."""
     search = make_search("small_cnn", load_cluster("testbed"))
     outcome = search.run(iterations=60)
-    assert outcome.bounded == len(search._bounded) > 0
-    assert outcome.evaluations == len(search._scores)
+    own_bounds = {k: b for k, b in search._bounded.items() if b.same_as is None}
+    assert outcome.bounded == len(own_bounds) > 0
+    assert outcome.evaluations == sum(s.same_as is None for s in search._scores.values())
     assert outcome.iterations == 60 and outcome.actions in search._scores
     ratios = search._step_over_bound
     assert ratios and min(ratios) >= 1 - 1e-9  # every simulated step above its bound
@@ -237,7 +272,8 @@ def test_a_bar_found_before_the_search_rules_out_what_cannot_beat_it() -> None:
     unbeatable.bar_s = 1e-9
     outcome = unbeatable.run(iterations=40)
     assert outcome.evaluations == 1 and outcome.actions in unbeatable._scores
-    assert outcome.iterations == 40 and outcome.bounded == len(unbeatable._bounded) > 0
+    own_bounds = [b for b in unbeatable._bounded.values() if b.same_as is None]
+    assert outcome.iterations == 40 and outcome.bounded == len(own_bounds) > 0
     plain = make_search("small_cnn", cluster)
     plain_outcome = plain.run(iterations=40)
     barred = make_search("small_cnn", cluster)
