@@ -1,18 +1,19 @@
 """A :class:`~tagplan.planner.sim.taskgraph.TaskGraph` built task by task.
 
 The compiler (:mod:`.tasks`) adds hundreds of thousands of tasks, buffers and dependencies
-one at a time; typed arrays (:mod:`array`, in the graph's dtypes) take them at the cost of
-an append each, and :meth:`TaskBuilder.build` copies their buffers into the graph's flat
-numpy arrays at once (converting Python lists element by element was a tenth of a
-compile).
+a few at a time, fragment by fragment. A fragment's builder takes them in Python lists (an
+extend of a few items costs a fifth of a typed array's, which converts each item as it
+comes), converted once to typed arrays (:mod:`array`, in the graph's dtypes) when the
+fragment is frozen; the builder the fragments are spliced into holds typed arrays, whose
+buffers :meth:`TaskBuilder.build` copies into the graph's flat numpy arrays at once
+(converting its hundreds of thousands of items from lists was a tenth of a compile).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from functools import partial
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Protocol
 
@@ -25,6 +26,26 @@ __all__ = ["FrozenTasks", "Piece", "TaskBuilder", "part_offset", "renumbered"]
 _PART_SHIFT = 32  # tasks and buffers of other parts, in parts spliced together
 _ITEM = (1 << _PART_SHIFT) - 1
 
+# every column's item type (array's typecodes, numpy's too)
+_TYPECODES = {
+    "kind": "b",
+    "device": "i",
+    "duration": "d",
+    "group": "i",
+    "nbytes": "q",
+    "latency": "d",
+    "link_count": "i",
+    "link_index": "i",
+    "link_share": "d",
+    "edge_src": "q",
+    "edge_dst": "q",
+    "buffer_device": "i",
+    "buffer_bytes": "q",
+    "buffer_producer": "i",
+    "read_buffer": "q",
+    "read_task": "q",
+    "origin": "i",
+}
 # the columns that number tasks or buffers, shifted when frozen tasks are spliced in
 _TASK_NUMBERS = ("edge_src", "edge_dst", "buffer_producer", "read_task")
 _BUFFER_NUMBERS = ("read_buffer",)
@@ -68,9 +89,7 @@ def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np
     return ptr, (codes % width).astype(np.int32)
 
 
-def _numpy(column: array) -> np.ndarray:
-    """A copy of ``column`` as a numpy array of its type."""
-    return np.frombuffer(column, dtype=column.typecode).copy()
+Column = list | array  # a fragment's builder holds lists, a spliced one typed arrays
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,33 +107,33 @@ class FrozenTasks:
 
 @dataclass(eq=False)
 class TaskBuilder:
-    """The task graph being built, one typed array per column (the names: a list).
-    Dependencies and buffer reads are ``(from, to)`` pairs that may repeat; :meth:`build`
-    drops repeats and sorts them.
+    """The task graph being built, one list or typed array per column (module docstring;
+    the names: a list). Dependencies and buffer reads are ``(from, to)`` pairs that may
+    repeat; :meth:`build` drops repeats and sorts them.
 
     Buffers are numbered in the order they are added, tasks too until :meth:`build`
     numbers them by the op each was made for (``made_for`` when it was added).
     """
 
     num_devices: int
-    kind: array = field(default_factory=partial(array, "b"))
-    device: array = field(default_factory=partial(array, "i"))
-    duration: array = field(default_factory=partial(array, "d"))
-    group: array = field(default_factory=partial(array, "i"))
-    nbytes: array = field(default_factory=partial(array, "q"))
-    latency: array = field(default_factory=partial(array, "d"))
+    kind: Column = field(default_factory=list)
+    device: Column = field(default_factory=list)
+    duration: Column = field(default_factory=list)
+    group: Column = field(default_factory=list)
+    nbytes: Column = field(default_factory=list)
+    latency: Column = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    link_count: array = field(default_factory=partial(array, "i"))
-    link_index: array = field(default_factory=partial(array, "i"))
-    link_share: array = field(default_factory=partial(array, "d"))
-    edge_src: array = field(default_factory=partial(array, "q"))
-    edge_dst: array = field(default_factory=partial(array, "q"))
-    buffer_device: array = field(default_factory=partial(array, "i"))
-    buffer_bytes: array = field(default_factory=partial(array, "q"))
-    buffer_producer: array = field(default_factory=partial(array, "i"))
-    read_buffer: array = field(default_factory=partial(array, "q"))
-    read_task: array = field(default_factory=partial(array, "q"))
-    origin: array = field(default_factory=partial(array, "i"))  # the op each task is for
+    link_count: Column = field(default_factory=list)
+    link_index: Column = field(default_factory=list)
+    link_share: Column = field(default_factory=list)
+    edge_src: Column = field(default_factory=list)
+    edge_dst: Column = field(default_factory=list)
+    buffer_device: Column = field(default_factory=list)
+    buffer_bytes: Column = field(default_factory=list)
+    buffer_producer: Column = field(default_factory=list)
+    read_buffer: Column = field(default_factory=list)
+    read_task: Column = field(default_factory=list)
+    origin: Column = field(default_factory=list)  # the op each task is for
     made_for: int = 0
 
     def task(
@@ -232,16 +251,26 @@ class TaskBuilder:
         self.read_buffer.append(copy.buffer)
         self.read_task.append(task)
 
+    def _numpy(self, column: str) -> np.ndarray:
+        """A copy of ``column`` as a numpy array of its type."""
+        values = getattr(self, column)
+        if isinstance(values, array):
+            return np.frombuffer(values, dtype=values.typecode).copy()
+        return np.array(values, dtype=_TYPECODES[column])
+
     def freeze(self) -> FrozenTasks:
         """What was built, kept to splice into other builders."""
-        columns = [f.name for f in fields(self) if isinstance(getattr(self, f.name), array)]
         shifted = _TASK_NUMBERS + _BUFFER_NUMBERS
         return FrozenTasks(
             num_tasks=len(self.kind),
             num_buffers=len(self.buffer_device),
             names=list(self.names),
-            plain={c: getattr(self, c).tobytes() for c in columns if c not in shifted},
-            numbers={c: _numpy(getattr(self, c)) for c in shifted},
+            plain={
+                c: array(code, getattr(self, c)).tobytes()
+                for c, code in _TYPECODES.items()
+                if c not in shifted
+            },
+            numbers={c: self._numpy(c) for c in shifted},
         )
 
     @classmethod
@@ -252,7 +281,7 @@ class TaskBuilder:
         task and first buffer took. In a part, task or buffer ``i`` is its own ``i``-th,
         and ``part_offset(q) + i`` the ``i``-th of part ``q``: parts built apart may name
         each other's."""
-        builder = cls(num_devices)
+        builder = cls(num_devices, **{c: array(code) for c, code in _TYPECODES.items()})
         first_task = np.cumsum([0] + [p.num_tasks for p in parts], dtype=np.int64)
         first_buffer = np.cumsum([0] + [p.num_buffers for p in parts], dtype=np.int64)
         if not parts:
@@ -286,16 +315,16 @@ class TaskBuilder:
         numbers them (the simulator breaks ties by number, as TensorFlow's executor by
         the graph's order), whatever order the compiler made them in."""
         n = len(self.kind)
-        order = np.argsort(_numpy(self.origin), kind="stable")
+        order = np.argsort(self._numpy("origin"), kind="stable")
         number = np.empty(n, dtype=np.int64)
         number[order] = np.arange(n)
-        src = number[np.concatenate([_numpy(self.edge_src), more_edges[0]]).astype(np.int64)]
-        dst = number[np.concatenate([_numpy(self.edge_dst), more_edges[1]]).astype(np.int64)]
+        src = number[np.concatenate([self._numpy("edge_src"), more_edges[0]]).astype(np.int64)]
+        dst = number[np.concatenate([self._numpy("edge_dst"), more_edges[1]]).astype(np.int64)]
         succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
         consumer_ptr, consumer_task = _pairs_csr(
-            _numpy(self.read_buffer), number[_numpy(self.read_task)], len(self.buffer_device), n
+            self._numpy("read_buffer"), number[self._numpy("read_task")], len(self.buffer_device), n
         )
-        link_count = _numpy(self.link_count)
+        link_count = self._numpy("link_count")
         link_start = np.cumsum(link_count) - link_count
         link_ptr = np.zeros(n + 1, dtype=np.int32)
         link_ptr[1:] = np.cumsum(link_count[order])
@@ -305,21 +334,21 @@ class TaskBuilder:
         graph = TaskGraph(
             num_devices=self.num_devices,
             num_links=num_links,
-            task_kind=_numpy(self.kind)[order],
-            task_device=_numpy(self.device)[order],
-            task_duration_s=_numpy(self.duration)[order],
+            task_kind=self._numpy("kind")[order],
+            task_device=self._numpy("device")[order],
+            task_duration_s=self._numpy("duration")[order],
             task_priority=np.zeros(n, dtype=np.float64),
-            task_group=_numpy(self.group)[order],
-            task_bytes=_numpy(self.nbytes)[order],
-            task_latency_s=_numpy(self.latency)[order],
+            task_group=self._numpy("group")[order],
+            task_bytes=self._numpy("nbytes")[order],
+            task_latency_s=self._numpy("latency")[order],
             link_ptr=link_ptr,
-            link_index=_numpy(self.link_index)[links],
-            link_share=_numpy(self.link_share)[links],
+            link_index=self._numpy("link_index")[links],
+            link_share=self._numpy("link_share")[links],
             succ_ptr=succ_ptr,
             succ_index=succ_index,
-            buffer_device=_numpy(self.buffer_device),
-            buffer_bytes=_numpy(self.buffer_bytes),
-            buffer_producer=number[_numpy(self.buffer_producer)].astype(np.int32),
+            buffer_device=self._numpy("buffer_device"),
+            buffer_bytes=self._numpy("buffer_bytes"),
+            buffer_producer=number[self._numpy("buffer_producer")].astype(np.int32),
             consumer_ptr=consumer_ptr,
             consumer_task=consumer_task,
             persistent_bytes=persistent,
