@@ -256,7 +256,7 @@ class TaskBuilder:
         values = getattr(self, column)
         if isinstance(values, array):
             return np.frombuffer(values, dtype=values.typecode).copy()
-        return np.array(values, dtype=_TYPECODES[column])
+        return np.fromiter(values, dtype=_TYPECODES[column], count=len(values))
 
     def freeze(self) -> FrozenTasks:
         """What was built, kept to splice into other builders."""
