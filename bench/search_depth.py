@@ -6,7 +6,8 @@ zoo's batch with each ``--budgets`` budget, the uniform prior and the convergenc
 off (the iterations the budget allows), without the distributed GraphDef (whose compile
 alone takes seconds on 64 GPUs: see *GraphDef compile at scale*), once evaluating per GPU
 and once by class: iterations, the strategies simulated (an iteration that reaches one
-simulated before costs a look-up), by class those ruled out by their step bound, the
+simulated before costs a look-up), by class those ruled out by their step bound and those
+compiled as one met before, the
 search's seconds, the plan time and the plan's step. Each plan runs in a process of
 its own, so none finds what an earlier one left in memory.
 
@@ -53,6 +54,7 @@ print(json.dumps({
     "iterations": result.iterations,
     "evaluations": result.evaluations,
     "bounded": getattr(result, "bounded", 0),
+    "transposed": getattr(result, "transposed", 0),
     "search_s": result.phases["search"]["seconds"],
     "plan_s": result.plan_time_s,
     "step_ms": result.step_time_s * 1e3,
@@ -76,7 +78,7 @@ def _cells(figures: dict, bounded: bool = False) -> list[str]:
     return [
         str(figures["iterations"]),
         str(figures["evaluations"]),
-        *([str(figures.get("bounded", 0))] if bounded else []),
+        *([str(figures.get("bounded", 0)), str(figures.get("transposed", 0))] if bounded else []),
         f"{figures['search_s']:.1f}",
         f"{figures['plan_s']:.1f}",
         f"{figures['step_ms']:,.1f}",
@@ -94,14 +96,14 @@ def main() -> None:
     lines = [
         "| model | cluster | budget (s) | per GPU: iterations | evaluations | search (s) "
         "| plan time (s) | step (ms) | by class: iterations | evaluations | ruled out "
-        "| search (s) | plan time (s) | step (ms) |"
+        "| compiled alike | search (s) | plan time (s) | step (ms) |"
         + (
             f" {label}: iterations by class | {label}: evaluations | {label}: step (ms) |"
             if before
             else ""
         ),
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: |" + (" ---: | ---: | ---: |" if before else ""),
+        "| ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if before else ""),
     ]
     rows = []
     for model in args.models:
@@ -144,7 +146,9 @@ def main() -> None:
         "per-GPU simulation after it); *evaluations*: the strategies simulated (an "
         "iteration that reaches one simulated before costs a look-up); *ruled out*: "
         "strategies not simulated because their step bound was no less than the best "
-        "step found or the best baseline's (docs/design.md §7)." + before_note(args, before),
+        "step found or the best baseline's; *compiled alike*: strategies not simulated "
+        "because one the tree met before compiles to the same task graph (docs/design.md "
+        "§7)." + before_note(args, before),
         lines,
     )
 

@@ -4,11 +4,11 @@ iteration costs, apart from how far a time budget lets the search go.
 For ResNet-101 and BERT-Large on ``scale:64``, ``plan()`` at the zoo's batch with
 ``--iterations`` iterations and a budget that does not end the search first, the uniform
 prior, the convergence stop off, by symmetry class (the default), each plan in a process
-of its own, ``--repeats`` times: the iterations, the strategies simulated and those ruled
-out by their step bound (the same on every run of one code: the search is deterministic
-for its seed), the step, and the median search seconds. ``--json`` writes the rows for a
-later run of other code to print beside its own (``--before``: its median search seconds,
-and the ratio).
+of its own, ``--repeats`` times: the iterations, the strategies simulated, those ruled
+out by their step bound and those compiled as one met before (the same on every run of
+one code: the search is deterministic for its seed), the step, and the median search
+seconds. ``--json`` writes the rows for a later run of other code to print beside its
+own (``--before``: its median search seconds, and the ratio).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def measure(model: str, cluster: str, iterations: int, repeats: int) -> dict:
         "iterations": first["iterations"],
         "evaluations": first["evaluations"],
         "bounded": first["bounded"],
+        "transposed": first.get("transposed", 0),
         "step_ms": first["step_ms"],
         "search_s": statistics.median(r["search_s"] for r in runs),
         "spread_s": [round(r["search_s"], 1) for r in runs],
@@ -56,10 +57,10 @@ def main() -> None:
     args = parser.parse_args()
     before, label = rows_before(args), args.before_label
     lines = [
-        "| model | cluster | iterations | evaluations | ruled out | step (ms) "
+        "| model | cluster | iterations | evaluations | ruled out | compiled alike | step (ms) "
         "| search (s) | runs (s) "
         + (f"| {label}: search (s) | {label} over this |" if before else "|"),
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- "
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- "
         + ("| ---: | ---: |" if before else "|"),
     ]
     rows, measured = measured_lines(
@@ -67,7 +68,8 @@ def main() -> None:
         measure,
         lambda case, row: (
             f"| {case[0]} | {case[1]} | {row['iterations']} "
-            f"| {row['evaluations']} | {row['bounded']} | {row['step_ms']:,.1f} "
+            f"| {row['evaluations']} | {row['bounded']} | {row['transposed']} "
+            f"| {row['step_ms']:,.1f} "
             f"| {row['search_s']:.1f} | {', '.join(map(str, row['spread_s']))} |"
         ),
         before,
@@ -85,7 +87,9 @@ def main() -> None:
         "search first, the uniform prior, the convergence stop off, by symmetry class, "
         f"each plan in a process of its own, {args.repeats} runs: *search (s)* the median "
         "of the search phase's seconds, *runs (s)* each run's; *ruled out*: strategies "
-        "not simulated because their step bound ruled them out." + before_note(args, before),
+        "not simulated because their step bound ruled them out; *compiled alike*: "
+        "strategies not simulated because one the tree met before compiles to the same "
+        "task graph (docs/design.md §7)." + before_note(args, before),
         lines,
     )
 
