@@ -418,12 +418,13 @@ class StrategySearch:
         return self._bounded.get(key) if found is None else found
 
     def _transposed(self, key: tuple[int, ...]) -> _Scored | None:
-        """The score of an earlier strategy of TAG's decisions that ``key``'s compiles to
-        the same task graph as (:meth:`~tagplan.planner.evaluate.Evaluator.identity`:
-        decisions that place and synchronize alike, such as two actions for an op group
-        whose ops follow other groups' placement), kept under ``key`` too: it would
-        simulate to the same step and memory, and its bound is that one's. ``None``
-        where no strategy met before compiles alike, or that one has no score yet."""
+        """The score of a strategy of TAG's decisions this tree met before whose task
+        graph ``key``'s strategy compiles to as well (the same
+        :meth:`~tagplan.planner.evaluate.Evaluator.identity`: decisions that place and
+        synchronize alike, such as two actions for an op group whose ops follow other
+        groups' placement), kept under ``key`` too: it would simulate to the same step
+        and memory, and its bound is that one's. ``None`` where no strategy met before
+        compiles alike, or that one has no score yet."""
         if is_pipelined_key(key):
             return None
         try:
