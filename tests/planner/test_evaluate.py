@@ -1,7 +1,7 @@
 """The evaluator's compute bound: exactly the compute the task graph gives the busiest
 GPU, so never above the simulated step, for every strategy kind (pipelines included);
-and a by-class evaluation's per-GPU factor, the size of the per-GPU task graph over its
-own."""
+a by-class evaluation's per-GPU factor, the size of the per-GPU task graph over its
+own; and the compile identity, which changes with whatever the compile reads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.search.baselines import baseline_strategy
+from tagplan.planner.strategy import Collective, GradientSync
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import (
     LAYERS,
@@ -113,3 +114,31 @@ def test_the_per_gpu_factor_counts_the_tasks_a_per_gpu_compile_makes(model, clus
         per_gpu_tasks = len(per_gpu.task_graph.task_kind)
         assert by_class.per_gpu_factor * by_class_tasks == pytest.approx(per_gpu_tasks)
         assert by_class.per_gpu_factor > 1.0
+
+
+def test_the_compile_identity_tells_apart_what_the_compile_reads() -> None:
+    """Changing any decision field the compile reads beside the placement (a group's
+    gradient synchronization, bucket size, collective), or the placement itself (the
+    GPUs a group replicates over), changes the identity; the strategy's name does not.
+    Each changed strategy is simulated: the identity separates strategies that step
+    differently."""
+    ir = zoo_ir("mlp")
+    evaluator = Evaluator(ir, load_cluster("testbed"))
+    base = baseline_strategy("dp-nccl", ir, evaluator.cluster, evaluator.costs)
+    decision = base.default
+
+    def with_decision(**update) -> object:
+        return base.model_copy(update={"default": decision.model_copy(update=update)})
+
+    changed = [
+        with_decision(gradient_sync=GradientSync.OVERLAP),
+        with_decision(gradient_sync=GradientSync.BUCKETED, bucket_bytes=2**20),
+        with_decision(gradient_sync=GradientSync.BUCKETED, bucket_bytes=2**10),
+        with_decision(collective=Collective.TREE),
+        with_decision(device_groups=decision.device_groups[:1]),
+    ]
+    identities = [evaluator.identity(s) for s in [base, *changed]]
+    assert len(set(identities)) == len(identities)
+    assert evaluator.identity(base.model_copy(update={"name": "renamed"})) == identities[0]
+    steps = {evaluator.evaluate(s).step_time_s for s in [base, *changed]}
+    assert len(steps) > 1

@@ -230,10 +230,6 @@ def test_strategies_that_compile_alike_are_simulated_once(model: str, cluster: s
         ga, gb = a.compiled.task_graph, b.compiled.task_graph
         assert ga.num_tasks == gb.num_tasks
         np.testing.assert_array_equal(ga.task_duration_s, gb.task_duration_s)
-    # the identity tells apart what compiles otherwise: the simulated strategies' are distinct
-    simulated = [k for k, s in search._scores.items() if s.same_as is None]
-    identities = {evaluator.identity(search.strategy_of(k)) for k in simulated}
-    assert len(identities) == len(simulated)
 
 
 def test_a_strategy_whose_bound_cannot_win_is_scored_by_its_bound() -> None:
