@@ -118,8 +118,8 @@ class Evaluator:
             resolved.group_micro_batches,
             resolved.sfb_parameters,
         ):
+            digest.update(len(column).to_bytes(8, "little"))  # parsed one way only
             digest.update(np.ascontiguousarray(column))
-            digest.update(b"|")
         decisions = [
             (str(collective), str(d.gradient_sync), d.bucket_bytes)
             for collective, d in zip(
