@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from typing import Protocol
 
@@ -26,26 +26,6 @@ __all__ = ["FrozenTasks", "Piece", "TaskBuilder", "part_offset", "renumbered"]
 _PART_SHIFT = 32  # tasks and buffers of other parts, in parts spliced together
 _ITEM = (1 << _PART_SHIFT) - 1
 
-# every column's item type (array's typecodes, numpy's too)
-_TYPECODES = {
-    "kind": "b",
-    "device": "i",
-    "duration": "d",
-    "group": "i",
-    "nbytes": "q",
-    "latency": "d",
-    "link_count": "i",
-    "link_index": "i",
-    "link_share": "d",
-    "edge_src": "q",
-    "edge_dst": "q",
-    "buffer_device": "i",
-    "buffer_bytes": "q",
-    "buffer_producer": "i",
-    "read_buffer": "q",
-    "read_task": "q",
-    "origin": "i",
-}
 # the columns that number tasks or buffers, shifted when frozen tasks are spliced in
 _TASK_NUMBERS = ("edge_src", "edge_dst", "buffer_producer", "read_task")
 _BUFFER_NUMBERS = ("read_buffer",)
@@ -116,24 +96,25 @@ class TaskBuilder:
     """
 
     num_devices: int
-    kind: Column = field(default_factory=list)
-    device: Column = field(default_factory=list)
-    duration: Column = field(default_factory=list)
-    group: Column = field(default_factory=list)
-    nbytes: Column = field(default_factory=list)
-    latency: Column = field(default_factory=list)
+    kind: Column = field(default_factory=list, metadata={"typecode": "b"})
+    device: Column = field(default_factory=list, metadata={"typecode": "i"})
+    duration: Column = field(default_factory=list, metadata={"typecode": "d"})
+    group: Column = field(default_factory=list, metadata={"typecode": "i"})
+    nbytes: Column = field(default_factory=list, metadata={"typecode": "q"})
+    latency: Column = field(default_factory=list, metadata={"typecode": "d"})
     names: list[str] = field(default_factory=list)
-    link_count: Column = field(default_factory=list)
-    link_index: Column = field(default_factory=list)
-    link_share: Column = field(default_factory=list)
-    edge_src: Column = field(default_factory=list)
-    edge_dst: Column = field(default_factory=list)
-    buffer_device: Column = field(default_factory=list)
-    buffer_bytes: Column = field(default_factory=list)
-    buffer_producer: Column = field(default_factory=list)
-    read_buffer: Column = field(default_factory=list)
-    read_task: Column = field(default_factory=list)
-    origin: Column = field(default_factory=list)  # the op each task is for
+    link_count: Column = field(default_factory=list, metadata={"typecode": "i"})
+    link_index: Column = field(default_factory=list, metadata={"typecode": "i"})
+    link_share: Column = field(default_factory=list, metadata={"typecode": "d"})
+    edge_src: Column = field(default_factory=list, metadata={"typecode": "q"})
+    edge_dst: Column = field(default_factory=list, metadata={"typecode": "q"})
+    buffer_device: Column = field(default_factory=list, metadata={"typecode": "i"})
+    buffer_bytes: Column = field(default_factory=list, metadata={"typecode": "q"})
+    buffer_producer: Column = field(default_factory=list, metadata={"typecode": "i"})
+    read_buffer: Column = field(default_factory=list, metadata={"typecode": "q"})
+    read_task: Column = field(default_factory=list, metadata={"typecode": "q"})
+    # the op each task is for
+    origin: Column = field(default_factory=list, metadata={"typecode": "i"})
     made_for: int = 0
 
     def task(
@@ -357,3 +338,7 @@ class TaskBuilder:
             task_names=tuple(names) if n < 2 else itemgetter(*order.tolist())(names),
         )
         return graph, number
+
+
+# every column's item type, as its field declares it
+_TYPECODES = {f.name: f.metadata["typecode"] for f in fields(TaskBuilder) if f.metadata}
