@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tagplan.planner.csr import distinct_pairs_csr
 from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
 
 __all__ = ["FrozenTasks", "Piece", "TaskBuilder", "part_offset", "renumbered"]
@@ -55,18 +56,6 @@ def renumbered(numbers: np.ndarray, own_first: np.ndarray, first: np.ndarray) ->
     named = numbers >> _PART_SHIFT
     base = np.where(named == 0, own_first, first[np.maximum(named - 1, 0)])
     return base + (numbers & _ITEM)
-
-
-def _pairs_csr(rows, cols, num_rows: int, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (int32 pointer, int32 columns) of the distinct ``(row, col)`` pairs, each row's
-    columns in ascending order."""
-    width = max(num_cols, 1)
-    codes = np.asarray(rows, dtype=np.int64) * width + np.asarray(cols, dtype=np.int64)
-    codes.sort()
-    codes = codes[np.concatenate(([True], codes[1:] != codes[:-1]))] if len(codes) else codes
-    ptr = np.zeros(num_rows + 1, dtype=np.int32)
-    ptr[1:] = np.cumsum(np.bincount(codes // width, minlength=num_rows))
-    return ptr, (codes % width).astype(np.int32)
 
 
 Column = list | array  # a fragment's builder holds lists, a spliced one typed arrays
@@ -301,9 +290,9 @@ class TaskBuilder:
         number[order] = np.arange(n)
         src = number[np.concatenate([self._numpy("edge_src"), more_edges[0]]).astype(np.int64)]
         dst = number[np.concatenate([self._numpy("edge_dst"), more_edges[1]]).astype(np.int64)]
-        succ_ptr, succ_index = _pairs_csr(src, dst, n, n)
-        consumer_ptr, consumer_task = _pairs_csr(
-            self._numpy("read_buffer"), number[self._numpy("read_task")], len(self.buffer_device), n
+        succ_ptr, succ_index = distinct_pairs_csr(src, dst, n)
+        consumer_ptr, consumer_task = distinct_pairs_csr(
+            self._numpy("read_buffer"), number[self._numpy("read_task")], len(self.buffer_device)
         )
         link_count = self._numpy("link_count")
         link_start = np.cumsum(link_count) - link_count

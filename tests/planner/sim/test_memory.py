@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tagplan.planner.sim.memory import buffer_lifetimes, memory_profile
+from tagplan.planner.sim.memory import _device_time_order, buffer_lifetimes, memory_profile
 from tagplan.planner.sim.taskgraph import TaskGraph
 from tests.planner.sim.builders import Buffer, build, compute
 
@@ -120,3 +120,14 @@ def test_matches_a_direct_count_on_random_lifetimes() -> None:
             profile.timeline_time_s[lo + 1 : hi], profile.timeline_bytes[lo + 1 : hi], strict=True
         ):
             assert value == usage(device, t)
+
+
+def test_events_are_ordered_by_device_then_time_then_number() -> None:
+    rng = np.random.default_rng(5)
+    n = 5000
+    times = rng.choice(np.concatenate([rng.random(300) * 10.0 ** rng.integers(-9, 4, 300)]), n)
+    times[:3] = [0.0, -0.0, 2.0**-1074]  # zeros tie; the smallest float follows them
+    device = rng.integers(0, 9, n)
+    device[:3] = 4
+    order = _device_time_order(device, times)
+    assert order.tolist() == np.lexsort((np.arange(n), times, device)).tolist()
