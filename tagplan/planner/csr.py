@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["distinct_pairs_csr", "row_ranges"]
+__all__ = ["distinct_pairs_csr", "row_ranges", "stable_order"]
 
 _INSERTION_MOST = 16  # rows of at most this many columns are sorted in place
 
@@ -33,21 +33,37 @@ def distinct_pairs_csr(rows, cols, num_rows: int) -> tuple[np.ndarray, np.ndarra
     return _distinct_pairs_csr(rows, cols, num_rows)
 
 
+def stable_order(keys, num_keys: int) -> np.ndarray:
+    """The order of ``keys`` (integers in ``[0, num_keys)``) ascending, equal keys in their
+    own order: a counting sort, linear where a comparison sort is not (what
+    ``np.argsort(keys, kind="stable")`` gives)."""
+    return _counting_sort(np.ascontiguousarray(keys, dtype=np.int64), num_keys)[0]
+
+
+@njit(cache=True)
+def _counting_sort(keys: np.ndarray, num_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stable ascending order of ``keys`` and where each key's run starts in it."""
+    start = np.zeros(num_keys + 1, dtype=np.int64)
+    for k in keys:
+        start[k + 1] += 1
+    for k in range(num_keys):
+        start[k + 1] += start[k]
+    filled = start[:-1].copy()
+    order = np.empty(len(keys), dtype=np.int64)
+    for i in range(len(keys)):
+        order[filled[keys[i]]] = i
+        filled[keys[i]] += 1
+    return order, start
+
+
 @njit(cache=True)
 def _distinct_pairs_csr(
     rows: np.ndarray, cols: np.ndarray, num_rows: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    start = np.zeros(num_rows + 1, dtype=np.int64)
-    for r in rows:
-        start[r + 1] += 1
-    for r in range(num_rows):
-        start[r + 1] += start[r]
-    filled = start[:-1].copy()
+    order, start = _counting_sort(rows, num_rows)
     bucketed = np.empty(len(cols), dtype=np.int32)
-    for i in range(len(rows)):
-        r = rows[i]
-        bucketed[filled[r]] = cols[i]
-        filled[r] += 1
+    for i in range(len(order)):
+        bucketed[i] = cols[order[i]]
     ptr = np.zeros(num_rows + 1, dtype=np.int32)
     kept = 0
     for r in range(num_rows):

@@ -18,8 +18,7 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.cost.work import GraphWork, graph_work
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.sim.simulate import SimResult, group_feedback, simulate, upward_rank
-from tagplan.planner.sim.taskgraph import TaskGraph
+from tagplan.planner.sim.simulate import SimResult, simulate, upward_rank
 from tagplan.planner.step_bound import StepBound, StepBoundParts
 from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
 from tagplan.planner.topology import Cluster
@@ -146,9 +145,10 @@ class Evaluator:
             device_memory_bytes=self.cluster.device_memory_bytes,
             reserve_bytes=self.reserve_bytes,
             use_priority=self.use_priority,
+            task_copies=compiled.task_copies,
         )
-        if compiled.symmetry is not None and compiled.task_copies is not None:
-            result = _per_device(result, compiled.symmetry, compiled.task_copies, graph)
+        if compiled.symmetry is not None:
+            result = _per_device(result, compiled.symmetry, graph.num_devices)
         return Evaluation(strategy, resolved, compiled, result)
 
     @property
@@ -188,14 +188,11 @@ class Evaluator:
         return self.step_bound.parts(placement, collectives=not sfb)
 
 
-def _per_device(
-    result: SimResult, symmetry: Symmetry, task_copies: np.ndarray, graph: TaskGraph
-) -> SimResult:
+def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimResult:
     """A simulation by class with every GPU's figures (memory, busy time, its ports) taken
-    from its class's first GPU and each group's idle time before transfers averaged over
-    the per-GPU graph's edges; machine links and the schedule are as simulated."""
-    num_devices = graph.num_devices
-    makespan, idle = group_feedback(graph, result.start_s, result.finish_s, task_copies)
+    from its class's first GPU (each group's idle time before transfers is averaged over
+    the per-GPU graph's edges as simulated, with the tasks' copies); machine links and the
+    schedule are as simulated."""
     ports = np.concatenate([symmetry.representative, num_devices + symmetry.representative])
     links = np.arange(len(result.link_busy_s))
     links[: 2 * num_devices] = ports
@@ -207,8 +204,6 @@ def _per_device(
         link_idle_fraction=result.link_idle_fraction[links],
         peak_memory_bytes=symmetry.per_device(result.peak_memory_bytes),
         overflow_bytes=symmetry.per_device(result.overflow_bytes),
-        group_makespan_s=makespan,
-        group_idle_before_transfer_s=idle,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tagplan.planner.csr import distinct_pairs_csr, row_ranges
+from tagplan.planner.csr import distinct_pairs_csr, row_ranges, stable_order
 
 
 def test_row_ranges_concatenates_each_rows_indices_in_the_order_asked() -> None:
@@ -45,3 +45,9 @@ def test_rows_without_pairs_are_empty_and_no_pairs_give_an_empty_csr() -> None:
     assert _pairs_by_row(ptr, cols) == [[9], [], [], [1, 2], []]
     ptr, cols = distinct_pairs_csr([], [], 3)
     assert ptr.tolist() == [0, 0, 0, 0] and cols.tolist() == []
+
+
+def test_stable_order_is_numpys_stable_argsort() -> None:
+    keys = np.random.default_rng(3).integers(0, 25, 4000)
+    assert stable_order(keys, 30).tolist() == np.argsort(keys, kind="stable").tolist()
+    assert stable_order(np.array([], dtype=np.int32), 0).tolist() == []

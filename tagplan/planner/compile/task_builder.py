@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tagplan.planner.csr import distinct_pairs_csr
+from tagplan.planner.csr import distinct_pairs_csr, stable_order
 from tagplan.planner.sim.taskgraph import COMPUTE, TaskGraph
 
 __all__ = ["FrozenTasks", "Piece", "TaskBuilder", "part_offset", "renumbered"]
@@ -285,7 +285,8 @@ class TaskBuilder:
         numbers them (the simulator breaks ties by number, as TensorFlow's executor by
         the graph's order), whatever order the compiler made them in."""
         n = len(self.kind)
-        order = np.argsort(self._numpy("origin"), kind="stable")
+        origin = self._numpy("origin")
+        order = stable_order(origin, int(origin.max()) + 1 if n else 0)
         number = np.empty(n, dtype=np.int64)
         number[order] = np.arange(n)
         src = number[np.concatenate([self._numpy("edge_src"), more_edges[0]]).astype(np.int64)]

@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from tagplan.planner.csr import stable_order
 from tagplan.planner.errors import InvalidInput
 from tagplan.planner.sim import engine
 from tagplan.planner.sim.memory import memory_profile
@@ -112,9 +113,9 @@ def group_feedback(
     if num_groups == 0:
         return makespan, idle
     member = np.flatnonzero(group >= 0)
-    # by group (a stable sort of small integers is a radix sort), then reduced per group:
-    # what np.minimum.at would give, without its per-element cost
-    member = member[np.argsort(group[member], kind="stable")]
+    # by group, then reduced per group: what np.minimum.at would give, without its
+    # per-element cost
+    member = member[stable_order(group[member], num_groups)]
     g = group[member]
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if len(g) else g
     present = g[starts]
@@ -142,6 +143,7 @@ def simulate(
     reserve_bytes: int = 0,
     use_priority: bool = False,
     link_model: LinkModel = "shared",
+    task_copies: np.ndarray | None = None,
 ) -> SimResult:
     """Schedule ``tg`` and report step time, memory and the feedback of TAG Table 1.
 
@@ -159,6 +161,9 @@ def simulate(
     link_model : LinkModel
         ``shared`` (max-min fair bandwidth sharing) or ``exclusive`` (the former model:
         a transfer holds its links, FIFO or by priority); see :data:`LINK_MODELS`.
+    task_copies : np.ndarray, optional
+        A graph compiled by symmetry class: the tasks each task stands for, which weigh
+        the groups' idle time before transfers (:func:`group_feedback`).
 
     Raises
     ------
@@ -198,7 +203,7 @@ def simulate(
     else:
         capacity = np.asarray(device_memory_bytes, dtype=np.int64)
         overflow = np.maximum(peak - capacity, 0)
-    group_makespan, group_idle = group_feedback(tg, start_s, finish_s)
+    group_makespan, group_idle = group_feedback(tg, start_s, finish_s, task_copies)
     return SimResult(
         step_time_s=step_time_s,
         start_s=start_s,
