@@ -26,7 +26,7 @@ def distinct_pairs_csr(rows, cols, num_rows: int) -> tuple[np.ndarray, np.ndarra
     A counting sort by row, then each row's few columns sorted and their repeats dropped:
     linear in the pairs where a sort of them all is not (a task graph's edges and reads
     number about a million on 64 GPUs, and a search builds one graph per strategy)."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    rows = _in_range(rows, num_rows, "rows")
     cols = np.ascontiguousarray(cols, dtype=np.int64)
     if len(rows) != len(cols):
         raise ValueError("rows and cols differ in length")
@@ -37,7 +37,16 @@ def stable_order(keys, num_keys: int) -> np.ndarray:
     """The order of ``keys`` (integers in ``[0, num_keys)``) ascending, equal keys in their
     own order: a counting sort, linear where a comparison sort is not (what
     ``np.argsort(keys, kind="stable")`` gives)."""
-    return _counting_sort(np.ascontiguousarray(keys, dtype=np.int64), num_keys)[0]
+    return _counting_sort(_in_range(keys, num_keys, "keys"), num_keys)[0]
+
+
+def _in_range(values, limit: int, name: str) -> np.ndarray:
+    """``values`` as int64, checked to lie in ``[0, limit)``: the kernels index by them
+    unchecked."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    if len(values) and (values.min() < 0 or values.max() >= limit):
+        raise ValueError(f"{name} must lie in [0, {limit})")
+    return values
 
 
 @njit(cache=True)

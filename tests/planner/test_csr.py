@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tagplan.planner.csr import distinct_pairs_csr, row_ranges, stable_order
 
@@ -51,3 +52,10 @@ def test_stable_order_is_numpys_stable_argsort() -> None:
     keys = np.random.default_rng(3).integers(0, 25, 4000)
     assert stable_order(keys, 30).tolist() == np.argsort(keys, kind="stable").tolist()
     assert stable_order(np.array([], dtype=np.int32), 0).tolist() == []
+
+
+def test_keys_out_of_range_are_refused_before_the_kernels_index_by_them() -> None:
+    with pytest.raises(ValueError, match=r"rows must lie in \[0, 3\)"):
+        distinct_pairs_csr([0, 3], [1, 1], 3)
+    with pytest.raises(ValueError, match=r"keys must lie in \[0, 4\)"):
+        stable_order([2, -1], 4)
