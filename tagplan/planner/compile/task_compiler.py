@@ -319,6 +319,7 @@ class TaskCompiler:
         self._outputs: dict[tuple, _Outputs] = {}
         self._remembered_instances = 0
         self._p2p_s: dict[tuple[int, int, int], float] = {}
+        self._p2p_line: dict[tuple[int, int], tuple[float, float] | None] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], int, str], float] = {}
         self._walk: Walk | None = None
         self._parts: dict[tuple, _Part | Asymmetric] = {}
@@ -491,7 +492,15 @@ class TaskCompiler:
         return self.aux_launch_s + nbytes / self.aux_bytes_per_s[device]
 
     def p2p_seconds(self, src: int, dst: int, nbytes: int) -> float:
-        """:meth:`CommModel.p2p_time_s`, remembered."""
+        """:meth:`CommModel.p2p_time_s`: by the path's closed form
+        (:meth:`~CommModel.p2p_closed_form`, the same float operations), or the profile's
+        model, remembered."""
+        pair = (src, dst)
+        line = self._p2p_line.get(pair, _UNKNOWN)
+        if line is _UNKNOWN:
+            line = self._p2p_line[pair] = self.comm.p2p_closed_form(src, dst)
+        if line is not None:
+            return line[0] + nbytes / line[1] if nbytes > 0 and src != dst else 0.0
         key = (src, dst, nbytes)
         found = self._p2p_s.get(key)
         if found is None:
@@ -1346,6 +1355,7 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
+_UNKNOWN = object()  # a path whose pricing is not looked up yet
 _COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 

@@ -347,6 +347,18 @@ class CommModel:
         """Seconds of :meth:`p2p_detail`."""
         return self.p2p_detail(src, dst, nbytes).seconds
 
+    def p2p_closed_form(self, src: int, dst: int) -> tuple[float, float] | None:
+        """``(α, B)`` of the path from ``src`` to ``dst`` in seconds and bytes per second
+        where :meth:`p2p_time_s` prices it by :func:`p2p_time_s`'s closed form
+        (``α + S / B`` for ``S > 0`` bytes between two GPUs, else 0), ``None`` where a
+        profile's model does: a compiler pricing thousands of sizes per path computes the
+        line itself rather than through arrays."""
+        model = self._p2p_model(self.cluster.path(src, dst).kind)
+        if model is not None and self._covered[[src, dst]].all():
+            return None
+        cluster = self.cluster
+        return float(cluster.latency_s[src, dst]), float(cluster.bandwidth_bytes_per_s[src, dst])
+
     def allreduce_time_s(
         self, devices: DeviceList, nbytes: npt.ArrayLike, algorithm: AllReduceAlgorithm = "auto"
     ) -> Seconds:

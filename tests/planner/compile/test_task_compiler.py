@@ -7,6 +7,8 @@ import pytest
 
 from tagplan.planner.compile.task_compiler import TaskCompiler, compile_tasks
 from tagplan.planner.cost.comm import CommModel
+from tagplan.planner.cost.comm_profile import CommProfile, P2PModels
+from tagplan.planner.cost.fit import Segment, SegmentedLinear
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.sim.simulate import simulate
@@ -382,3 +384,22 @@ def test_a_control_dependency_between_replicated_ops_waits_on_one_barrier(cluste
     assert graph.task_duration_s[barrier] == 0.0 and graph.task_device[barrier] == -1
     schedule = simulate(graph)
     assert schedule.start_s[dv_out].min() >= schedule.finish_s[dw].max()
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_transfer_seconds_are_the_comm_models_to_the_last_bit(ir, cluster, profiled) -> None:
+    """The compiler prices a transfer on a path of the closed form itself: the same
+    seconds as :meth:`CommModel.p2p_time_s`, bit for bit, for every pair and size; a path
+    the profile's model prices (inside a machine, here) keeps the profile's seconds."""
+    flat = SegmentedLinear(segments=(Segment(intercept_s=0.5, slope_s_per_byte=0.0),))
+    profile = CommProfile(device_kind="T4", p2p=P2PModels(intra=flat)) if profiled else None
+    comm = CommModel(cluster, profile)
+    compiler = TaskCompiler(ir, cluster, costs=OpCostModel(ir, cluster), comm=comm)
+    for src in range(cluster.num_devices):
+        for dst in range(cluster.num_devices):
+            for nbytes in (0, 1, 4097, 3 * 10**6 + 7, 2**40 + 3):
+                seconds = compiler.p2p_seconds(src, dst, nbytes)
+                assert seconds == comm.p2p_time_s(src, dst, nbytes)
+                same_machine = cluster.device_machine[src] == cluster.device_machine[dst]
+                if profiled and same_machine and src != dst and nbytes:
+                    assert seconds == 0.5
