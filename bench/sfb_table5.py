@@ -100,7 +100,7 @@ def run_model(
     ir = analyze(source.graph_def, batch_size=4, batch_inputs=source.batch_inputs, loss=source.loss)
     evaluator = Evaluator(ir, cluster)
     dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
-    dp_sfb, decisions = apply_sfb(dp, ir, cluster, evaluator.costs, evaluator.comm)
+    dp_sfb, decisions, _ = apply_sfb(dp, ir, cluster, evaluator.costs, evaluator.comm)
     dp_s = evaluator.evaluate(dp).step_time_s
     dp_sfb_s = evaluator.evaluate(dp_sfb).step_time_s
     tag_s = tag_sfb_s = None
@@ -109,7 +109,7 @@ def run_model(
     if plan is not None:
         result = plan(ir, cluster, options=PlanOptions(budget_s=budget_s, sfb=False))
         tag_s = result.step_time_s
-        tag_sfb, tag_decisions = apply_sfb(
+        tag_sfb, tag_decisions, _ = apply_sfb(
             result.strategy, ir, cluster, evaluator.costs, evaluator.comm
         )
         tag_sfb_gradients = f"{sum(d.applied for d in tag_decisions)} / {len(tag_decisions)}"

@@ -805,9 +805,10 @@ class Planner:
         finals = []
         for rank, (name, strategy) in enumerate(contenders):
             decisions: tuple[SfbDecision, ...] = ()
+            evaluation = None
             if self.options.sfb and sfb_s > 0:
                 self._check_cancel()
-                strategy, found = apply_sfb(
+                strategy, found, evaluation = apply_sfb(
                     strategy,
                     self.ir,
                     self.cluster,
@@ -817,7 +818,8 @@ class Planner:
                     evaluator=self.evaluator,  # holds what the search compiled
                 )
                 decisions = tuple(found)
-            evaluation = self.evaluator.evaluate(strategy)
+            if evaluation is None:  # SFB's check simulated none of it
+                evaluation = self.evaluator.evaluate(strategy)
             finals.append(
                 (evaluation.result.oom, evaluation.step_time_s, rank, name, decisions, evaluation)
             )

@@ -242,7 +242,7 @@ def test_sfb_is_decided_for_the_best_baseline_too() -> None:
     cluster = gpus("GTX-1080Ti", 2, 1, network_gbps=100)
     evaluator = Evaluator(ir, cluster)
     dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
-    with_sfb, _ = apply_sfb(dp, ir, cluster, evaluator.costs)
+    with_sfb, _, _ = apply_sfb(dp, ir, cluster, evaluator.costs)
     dp_sfb_s = evaluator.evaluate(with_sfb).step_time_s
     assert dp_sfb_s < evaluator.evaluate(dp).step_time_s
     result = plan(ir, cluster, options=PlanOptions(iterations=3, budget_s=600))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import pulp
@@ -39,13 +40,13 @@ from tagplan.planner.compile.placement import batch_slices, place
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.evaluate import Evaluator, resolve_planned
+from tagplan.planner.evaluate import Evaluation, Evaluator, resolve_planned
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.strategy import Mode, Option, Strategy
 from tagplan.planner.topology import Cluster
 
-__all__ = ["SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
+__all__ = ["SfbApplied", "SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,15 @@ def _synchronized_gradients(
         yield row, anchor, np.array(sorted(gpus)), local_batch[group], allowed
 
 
+class SfbApplied(NamedTuple):
+    """What :func:`apply_sfb` decided: the strategy, one decision per synchronized
+    gradient, and the strategy's simulation where the check made one."""
+
+    strategy: Strategy
+    decisions: list[SfbDecision]
+    evaluation: Evaluation | None = None
+
+
 def apply_sfb(
     strategy: Strategy,
     ir: GraphIR,
@@ -298,7 +308,7 @@ def apply_sfb(
     depth: int = 3,
     time_budget_s: float | None = None,
     evaluator: Evaluator | None = None,
-) -> tuple[Strategy, list[SfbDecision]]:
+) -> SfbApplied:
     """Decide sufficient-factor broadcast for every gradient ``strategy`` synchronizes
     (TAG §4.2.3: "double checking opportunities of applying SFB on op groups for which
     MCTS has produced a replication option").
@@ -319,13 +329,15 @@ def apply_sfb(
     simulates them (one of this graph and cluster: a planner's, whose compiler already
     holds most of the strategy's parts); a new one with ``costs`` and ``comm`` otherwise.
 
-    Returns the strategy with ``sfb`` filled in and one decision per synchronized
-    gradient (``applied`` when the returned strategy duplicates its ops). A pipelined
-    strategy comes back as it is: its stages accumulate gradients over micro-batches,
-    which duplicating a gradient's subgraph on every replica would undo.
+    Returns the strategy with ``sfb`` filled in, one decision per synchronized gradient
+    (``applied`` when the returned strategy duplicates its ops), and the simulation of the
+    returned strategy when the check made one (a planner answers with it rather than
+    simulating it again). A pipelined strategy comes back as it is: its stages accumulate
+    gradients over micro-batches, which duplicating a gradient's subgraph on every
+    replica would undo.
     """
     if strategy.pipeline is not None:  # micro-batches accumulate their own gradients
-        return strategy, []
+        return SfbApplied(strategy, [])
     started = time.perf_counter()
     plain = strategy.model_copy(update={"sfb": {}})
     candidates = _synchronized_gradients(ir, plain, cluster, costs)
@@ -354,12 +366,13 @@ def apply_sfb(
         )
     chosen = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
     if not chosen:
-        return plain, decisions
+        return SfbApplied(plain, decisions)
     with_sfb = plain.model_copy(update={"sfb": chosen})
     if evaluator is None:
         evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
-    before = evaluator.evaluate(plain).result
-    after = evaluator.evaluate(with_sfb).result
-    if (after.oom and not before.oom) or after.step_time_s > before.step_time_s:
-        return plain, decisions
-    return with_sfb, [replace(d, applied=bool(d.duplicate_ops)) for d in decisions]
+    before = evaluator.evaluate(plain)
+    after = evaluator.evaluate(with_sfb)
+    if (after.result.oom and not before.result.oom) or after.step_time_s > before.step_time_s:
+        return SfbApplied(plain, decisions, before)
+    applied = [replace(d, applied=bool(d.duplicate_ops)) for d in decisions]
+    return SfbApplied(with_sfb, applied, after)

@@ -140,7 +140,7 @@ class TestApplySfb:
         ir = mlp_at_batch_4()
         evaluator = Evaluator(ir, two_1080ti())
         dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
-        strategy, decisions = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        strategy, decisions, _ = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
         assert set(strategy.sfb) == {"dense_0/kernel", "dense_1/kernel"}
         assert strategy.sfb["dense_0/kernel"] == ["gradients/dense_0/MatMul_grad/MatMul_1"]
         assert len(decisions) == len(ir.parameters)  # every gradient is synchronized
@@ -152,9 +152,9 @@ class TestApplySfb:
         ir = mlp_at_batch_4()
         evaluator = Evaluator(ir, two_1080ti())
         dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
-        once, first = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
-        again, _ = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
-        twice, second = apply_sfb(once, ir, evaluator.cluster, evaluator.costs)
+        once, first, _ = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        again, _, _ = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        twice, second, _ = apply_sfb(once, ir, evaluator.cluster, evaluator.costs)
         assert once == again == twice
         assert [(d.parameter, d.duplicate_ops) for d in first] == [
             (d.parameter, d.duplicate_ops) for d in second
@@ -182,6 +182,10 @@ class TestApplySfb:
             (d.parameter, d.duplicate_ops, d.applied) for d in alone[1]
         ]
         assert [bool(s.sfb) for s in simulated] == [False, True]
+        # the simulation of the strategy it returns, which a planner answers with
+        assert handed.evaluation.strategy is handed.strategy
+        fresh = Evaluator(ir, two_1080ti()).evaluate(handed.strategy)
+        assert handed.evaluation.step_time_s == fresh.step_time_s
 
     def test_ops_outside_replicated_groups_are_never_duplicated(self) -> None:
         """The forward pass model-parallel on GPU 0: its ops cannot be duplicated, so the
@@ -199,7 +203,7 @@ class TestApplySfb:
             groups=[OpGroup(ops=forward, decision=pinned)],
             default=GroupDecision(device_groups=[0, 1], option=Option.REPLICATE_ALLREDUCE),
         )
-        _, decisions = apply_sfb(strategy, ir, cluster, evaluator.costs)
+        _, decisions, _ = apply_sfb(strategy, ir, cluster, evaluator.costs)
         duplicated = {op for d in decisions for op in d.duplicate_ops}
         assert duplicated and not duplicated & set(forward)
 
@@ -207,7 +211,7 @@ class TestApplySfb:
         ir = mlp_at_batch_4()
         evaluator = Evaluator(ir, two_1080ti())
         dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
-        strategy, decisions = apply_sfb(
+        strategy, decisions, _ = apply_sfb(
             dp, ir, evaluator.cluster, evaluator.costs, time_budget_s=0.0
         )
         assert strategy.sfb == {} and decisions == []
@@ -219,7 +223,7 @@ class TestApplySfb:
         single = Strategy(
             default=GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE)
         )
-        assert apply_sfb(single, ir, cluster, evaluator.costs) == (single, [])
+        assert apply_sfb(single, ir, cluster, evaluator.costs) == (single, [], None)
 
     def test_sfb_that_simulates_slower_is_dropped(self, monkeypatch) -> None:
         """The ILP prices communication alone; the simulator has the last word."""
@@ -236,9 +240,10 @@ class TestApplySfb:
         ir = mlp_at_batch_4()
         evaluator = Evaluator(ir, two_1080ti())
         dp = dp_nccl(ir, evaluator.cluster, evaluator.costs)
-        strategy, decisions = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
+        strategy, decisions, evaluation = apply_sfb(dp, ir, evaluator.cluster, evaluator.costs)
         assert strategy.sfb == {} and not any(d.applied for d in decisions)
         assert any(d.duplicate_ops for d in decisions)  # the ILP still said yes
+        assert evaluation.strategy is strategy  # the simulation it compared against
 
 
 def _analyzed(model: str) -> GraphIR:
