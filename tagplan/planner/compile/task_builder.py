@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -61,6 +61,12 @@ def renumbered(numbers: np.ndarray, own_first: np.ndarray, first: np.ndarray) ->
 Column = list | array  # a fragment's builder holds lists, a spliced one typed arrays
 
 
+def _column(typecode: str) -> Any:
+    """A column of :class:`TaskBuilder`, empty, whose items are of ``typecode`` (array's
+    typecodes, numpy's too)."""
+    return field(default_factory=list, metadata={"typecode": typecode})
+
+
 @dataclass(frozen=True, eq=False)
 class FrozenTasks:
     """Tasks, buffers and reads built apart and numbered from 0 (:meth:`TaskBuilder.freeze`),
@@ -85,25 +91,25 @@ class TaskBuilder:
     """
 
     num_devices: int
-    kind: Column = field(default_factory=list, metadata={"typecode": "b"})
-    device: Column = field(default_factory=list, metadata={"typecode": "i"})
-    duration: Column = field(default_factory=list, metadata={"typecode": "d"})
-    group: Column = field(default_factory=list, metadata={"typecode": "i"})
-    nbytes: Column = field(default_factory=list, metadata={"typecode": "q"})
-    latency: Column = field(default_factory=list, metadata={"typecode": "d"})
+    kind: Column = _column("b")
+    device: Column = _column("i")
+    duration: Column = _column("d")
+    group: Column = _column("i")
+    nbytes: Column = _column("q")
+    latency: Column = _column("d")
     names: list[str] = field(default_factory=list)
-    link_count: Column = field(default_factory=list, metadata={"typecode": "i"})
-    link_index: Column = field(default_factory=list, metadata={"typecode": "i"})
-    link_share: Column = field(default_factory=list, metadata={"typecode": "d"})
-    edge_src: Column = field(default_factory=list, metadata={"typecode": "q"})
-    edge_dst: Column = field(default_factory=list, metadata={"typecode": "q"})
-    buffer_device: Column = field(default_factory=list, metadata={"typecode": "i"})
-    buffer_bytes: Column = field(default_factory=list, metadata={"typecode": "q"})
-    buffer_producer: Column = field(default_factory=list, metadata={"typecode": "i"})
-    read_buffer: Column = field(default_factory=list, metadata={"typecode": "q"})
-    read_task: Column = field(default_factory=list, metadata={"typecode": "q"})
+    link_count: Column = _column("i")
+    link_index: Column = _column("i")
+    link_share: Column = _column("d")
+    edge_src: Column = _column("q")
+    edge_dst: Column = _column("q")
+    buffer_device: Column = _column("i")
+    buffer_bytes: Column = _column("q")
+    buffer_producer: Column = _column("i")
+    read_buffer: Column = _column("q")
+    read_task: Column = _column("q")
     # the op each task is for
-    origin: Column = field(default_factory=list, metadata={"typecode": "i"})
+    origin: Column = _column("i")
     made_for: int = 0
 
     def task(

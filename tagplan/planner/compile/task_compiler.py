@@ -496,9 +496,9 @@ class TaskCompiler:
         (:meth:`~CommModel.p2p_closed_form`, the same float operations), or the profile's
         model, remembered."""
         pair = (src, dst)
-        line = self._p2p_line.get(pair, _UNKNOWN)
-        if line is _UNKNOWN:
-            line = self._p2p_line[pair] = self.comm.p2p_closed_form(src, dst)
+        if pair not in self._p2p_line:
+            self._p2p_line[pair] = self.comm.p2p_closed_form(src, dst)
+        line = self._p2p_line[pair]
         if line is not None:
             return line[0] + nbytes / line[1] if nbytes > 0 and src != dst else 0.0
         key = (src, dst, nbytes)
@@ -1355,7 +1355,6 @@ class _TaskGraphCompilation(TransportRules[_Copy]):
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
-_UNKNOWN = object()  # a path whose pricing is not looked up yet
 _COLLECTIVE_CODE = {c: i for i, c in enumerate(Collective)}  # in fragments' keys
 
 
