@@ -185,7 +185,7 @@ class Evaluator:
             raise InvalidInput("the step bound is for strategies without a pipeline")
         resolved, placement = self.placed(strategy)
         sfb = bool(resolved.sfb_parameters.size)  # gradients broadcast, not AllReduced
-        return self.step_bound.parts(placement, collectives=not sfb)
+        return self.step_bound.parts(placement, resolved, collectives=not sfb)
 
 
 def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimResult:

@@ -1,5 +1,6 @@
-"""A lower bound on one strategy's simulated step, from its placement alone: what the
-search checks before it compiles and simulates a strategy (docs/design.md §7).
+"""A lower bound on one strategy's simulated step, from its placement and gradient sync
+alone: what the search checks before it compiles and simulates a strategy
+(docs/design.md §7).
 
 The placement (:func:`~tagplan.planner.compile.placement.place`) says which GPU runs
 which rows of every op. Whatever the compiler then adds (transfers, hubs, collectives,
@@ -46,7 +47,22 @@ its inputs are where it runs. So a step lasts at least as long as each of:
   the fastest path into that GPU and, from another machine, over the fastest network
   path out of the sender's machine and into the reader's (the sum depends on every
   element of the last partial, so a tensor's worth still leaves its GPU after it is
-  made).
+  made). The rows a reader gathers from several other GPUs all cross its GPU's in-port,
+  and those from other machines its machine's downlink, each no earlier than it is made
+  (one link with release dates, below);
+* **the collectives after they start**: an AllReduce starts once its partials are made
+  (the chain's finish of their instances), and a gradient's waits as its op group's
+  gradient sync says: for the last gradient of its bucket (the compiler's buckets,
+  rebuilt from the same rule and order), or for every gradient after the backward pass.
+  Before that, each GPU holding a partial has run, one task at a time, every instance
+  that must precede the partials the AllReduce waits for (those whose rows or partial
+  sums lead to them), none before its chain's start: the AllReduce starts no earlier
+  than any time plus that GPU's seconds for those of them that cannot start before it.
+  A ring's busiest link then carries, from any AllReduce's start on, at least its share
+  of every AllReduce over the same GPUs that starts no earlier (one machine with release
+  dates: the largest start plus the link seconds of what starts at or after it). Under data
+  parallelism whose gradients share one bucket this is the backward pass followed by
+  the whole AllReduce, close to how the simulator runs it.
 
 Control dependencies and latencies are left out (they only add). Where the
 communication model uses a measured profile (which may be faster than the links'
@@ -56,10 +72,12 @@ bandwidths), only compute and the chains without transfer times are counted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
+from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
 from tagplan.planner.compile.links import LinkLayout, ring_bytes_per_link
 from tagplan.planner.compile.placement import Placement
 from tagplan.planner.cost.comm import CommModel, allreduce_time_s
@@ -67,12 +85,26 @@ from tagplan.planner.cost.op_time import OpCostModel
 from tagplan.planner.departures import departures
 from tagplan.planner.graph.batch import Aggregation
 from tagplan.planner.graph.ir import GraphIR
-from tagplan.planner.strategy import Mode
+from tagplan.planner.strategy import GradientSync, Mode, ResolvedStrategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["StepBound", "StepBoundParts"]
 
 _LARGE_BYTES = 1e12  # where every AllReduce's latency is lost in its bandwidth term
+_MAX_UNITS = 63  # gradients' start groups told apart by _serial_before (bits of an int64)
+_START_SLICES = 16  # _serial_before's steps of the instances' earliest starts
+
+
+class _Walk(NamedTuple):
+    """What one walk over the instances finds (:func:`_chains_and_arrivals`)."""
+
+    chain_s: float
+    arriving: np.ndarray  # bytes that must reach each GPU
+    entering: np.ndarray  # and each machine
+    reduced: np.ndarray  # per tensor: summed by an AllReduce
+    release_s: np.ndarray  # per tensor: when its AllReduce's partials are made
+    summed_by: np.ndarray  # per tensor: a reader its AllReduce is for
+    finish_s: np.ndarray  # per instance: the chain's finish
 
 
 @dataclass(frozen=True)
@@ -83,10 +115,11 @@ class StepBoundParts:
     ports_s: float
     network_s: float
     chain_s: float
+    collectives_s: float = 0.0
 
     @property
     def step_time_s(self) -> float:
-        return max(self.compute_s, self.ports_s, self.network_s, self.chain_s)
+        return max(self.compute_s, self.ports_s, self.network_s, self.chain_s, self.collectives_s)
 
 
 class StepBound:
@@ -108,6 +141,9 @@ class StepBound:
         self._row_bytes = np.where(self._batch, self._bytes / max(ir.batch_size, 1), 0.0)
         self._consumer_ptr = ir.tensor_consumer_ptr.astype(np.int64)
         self._consumer_op = ir.tensor_consumer_op.astype(np.int64)
+        self._gradient = np.zeros(ir.num_tensors, dtype=bool)
+        gradient_tensor = ir.parameters.gradient_tensor
+        self._gradient[gradient_tensor[gradient_tensor >= 0]] = True
         self._tensors = (  # what the kernels read of every tensor, in their order
             self._producer,
             self._batch,
@@ -138,6 +174,7 @@ class StepBound:
         self._machine = machine.astype(np.int64)
         self._layout = LinkLayout(cluster)
         self._slopes: dict[tuple[int, ...], float] = {}  # AllReduce seconds per byte
+        self._seconds: tuple[Placement, np.ndarray] | None = None  # instance_seconds'
         # the fastest any bytes go from one GPU to another: into the target and, between
         # machines, out of the source's machine and into the target's
         between = np.minimum.outer(network_out[machine], network_in[machine])
@@ -167,24 +204,114 @@ class StepBound:
             self.cluster.num_machines,
         )
 
-    def _collective_busy(self, placement: Placement, reduced: np.ndarray) -> np.ndarray:
-        """Every link's busy seconds at the least from the AllReduces of the ``reduced``
-        tensors (module docstring), by the GPUs that hold their partials."""
-        busy = np.zeros(self._layout.num_links)
-        by_members: dict[tuple[int, ...], float] = {}
-        for t in np.flatnonzero(reduced):
+    def _by_members(
+        self, placement: Placement, reduced: np.ndarray
+    ) -> dict[tuple[int, ...], list[int]]:
+        """The ``reduced`` tensors by the GPUs that hold their partials, ascending (the
+        AllReduce's members)."""
+        by_devices: dict[bytes, list[int]] = {}  # the partials' GPUs as placed, in order
+        for t in np.flatnonzero(reduced).tolist():
             p = self._producer[t]
             devices = placement.inst_device[placement.inst_ptr[p] : placement.inst_ptr[p + 1]]
-            members = tuple(sorted({int(x) for x in devices}))
-            by_members[members] = by_members.get(members, 0.0) + self._bytes[t]
-        for members, nbytes in by_members.items():
+            by_devices.setdefault(devices.tobytes(), []).append(t)
+        by_members: dict[tuple[int, ...], list[int]] = {}
+        dtype = placement.inst_device.dtype
+        for key, tensors in by_devices.items():
+            members = tuple(sorted({int(x) for x in np.frombuffer(key, dtype=dtype)}))
+            by_members.setdefault(members, []).extend(tensors)
+        return by_members
+
+    def _collective_busy(
+        self, by_members: dict[tuple[int, ...], list[int]], start_s: np.ndarray
+    ) -> tuple[np.ndarray, float]:
+        """Every link's busy seconds at the least from the AllReduces of the tensors
+        ``by_members`` (module docstring), and the latest any ring's links can be done
+        with them when each starts no earlier than ``start_s`` (:func:`_after_release_s`)."""
+        busy = np.zeros(self._layout.num_links)
+        tail_s = 0.0
+        for members, tensors in by_members.items():
             route = self._layout.ring(members)
             per_byte_s = min(
                 self._per_byte_s(members),
                 ring_bytes_per_link(len(members), 1) / route.rate_bytes_per_s,
             )
-            busy[route.links] += np.asarray(route.shares) * per_byte_s * nbytes
-        return busy
+            shares = np.asarray(route.shares)
+            nbytes = self._bytes[tensors]
+            busy[route.links] += shares * per_byte_s * float(nbytes.sum())
+            busiest_per_byte_s = float(shares.max(initial=0.0)) * per_byte_s
+            tail_s = max(tail_s, _after_release_s(start_s[tensors], nbytes * busiest_per_byte_s))
+        return busy, tail_s
+
+    def _synchronized(
+        self,
+        by_members: dict[tuple[int, ...], list[int]],
+        resolved: ResolvedStrategy,
+        walk: _Walk,
+        instances: tuple[np.ndarray, ...],
+        seconds: np.ndarray,
+    ) -> np.ndarray:
+        """The earliest each AllReduce starts under its op group's gradient sync
+        (:class:`~tagplan.planner.strategy.GradientSync`): a gradient's in an
+        ``after-backward`` group once every gradient's partials are made, one in a
+        ``bucketed`` group once its bucket's last gradient is (the buckets of
+        :func:`~tagplan.planner.compile.buckets.gradient_buckets` over the gradients'
+        AllReduces in the order the compiler lists them, by the op reading each sum),
+        one in an ``overlap`` group once its own are; and not before each GPU has run
+        the instances that must precede those partials, one at a time
+        (:func:`_serial_before`). Once its own partials are made (``walk.release_s``)
+        where that order is not certain: unless every gradient summed has one reader and
+        no op reads two of them."""
+        release_s, summed_by = walk.release_s, walk.summed_by
+        gradients = [t for tensors in by_members.values() for t in tensors if self._gradient[t]]
+        if not gradients:
+            return release_s
+        single = np.diff(self._consumer_ptr)[gradients] == 1
+        readers = summed_by[gradients]
+        if not single.all() or len(np.unique(readers)) < len(readers):
+            return release_s
+        members_of = {t: members for members, tensors in by_members.items() for t in tensors}
+        order = np.array([gradients[i] for i in np.argsort(readers, kind="stable")])
+        decisions = resolved.group_decisions
+        groups = resolved.op_group[summed_by[order]].tolist()
+        syncs = [decisions[g].gradient_sync for g in groups]
+        after = np.array([sync == GradientSync.AFTER_BACKWARD for sync in syncs])
+        # each gradient's unit: its bucket, itself (overlap), or the after-backward ones'
+        unit = np.full(len(self._producer), -1, dtype=np.int64)
+        start_s = release_s.copy()
+        start_s[order[after]] = release_s[order].max()
+        allreduces = [
+            GradientAllReduce(g, members_of[t], int(self._bytes[t]))
+            for g, t in zip(groups, order.tolist(), strict=True)
+        ]
+        units = 0
+        for bucket in gradient_buckets(allreduces, decisions):
+            tensors = order[list(bucket.collectives)]
+            start_s[tensors] = release_s[tensors].max()
+            unit[tensors], units = units, units + 1
+        alone = order[[sync == GradientSync.OVERLAP for sync in syncs]]
+        unit[alone] = np.arange(units, units + len(alone))
+        units += len(alone)
+        unit[order[after]], units = units, units + int(after.any())
+        if units > _MAX_UNITS:
+            return start_s
+        serial_s, serial_any_s = _serial_before(
+            *instances,
+            seconds,
+            self._input_ptr,
+            self._input_tensor,
+            self._producer,
+            self._batch,
+            self._summed,
+            unit,
+            units,
+            self.cluster.num_devices,
+            walk.finish_s,
+            walk.chain_s,
+        )
+        start_s[order] = np.maximum(
+            start_s[order], np.where(after, serial_any_s, serial_s[unit[order]])
+        )
+        return start_s
 
     def _per_byte_s(self, members: tuple[int, ...]) -> float:
         """Seconds per byte an AllReduce among ``members`` takes at the least, whichever
@@ -205,11 +332,17 @@ class StepBound:
 
     def instance_seconds(self, placement: Placement) -> np.ndarray:
         """Every op instance's compute seconds: the cost model's time of its op on its
-        GPU's type at its rows."""
+        GPU's type at its rows (kept for the next call with the same placement: the
+        search may bound a strategy's compute and then the rest)."""
+        kept = self._seconds
+        if kept is not None and kept[0] is placement:
+            return kept[1]
         op_of = np.repeat(np.arange(self.ir.num_ops), np.diff(placement.inst_ptr))
         local = np.maximum(placement.inst_hi - placement.inst_lo, 1)
         device_type = self.cluster.device_type[placement.inst_device]
-        return self.costs.instance_times(op_of, device_type, local).seconds
+        seconds = self.costs.instance_times(op_of, device_type, local).seconds
+        self._seconds = (placement, seconds)
+        return seconds
 
     def compute_s(self, placement: Placement, seconds: np.ndarray | None = None) -> float:
         """The busiest GPU's compute (any placement, pipelines' included)."""
@@ -220,38 +353,54 @@ class StepBound:
         )
         return float(busy.max(initial=0.0))
 
-    def parts(self, placement: Placement, *, collectives: bool = True) -> StepBoundParts:
+    def parts(
+        self,
+        placement: Placement,
+        resolved: ResolvedStrategy | None = None,
+        *,
+        collectives: bool = True,
+    ) -> StepBoundParts:
         """The bound's parts for the placement of a strategy without a pipeline (each op
-        has at most one instance per GPU). ``collectives``: whether a mirrored reader's
-        partials are summed by an AllReduce, as the compiler sums them unless sufficient
-        factors are broadcast instead (then the sum counts once at each port)."""
+        has at most one instance per GPU). ``resolved``, the strategy placed, tells when
+        its gradients' AllReduces start (:meth:`_synchronized`; without it, each once its
+        partials are made). ``collectives``: whether a mirrored reader's partials are
+        summed by an AllReduce, as the compiler sums them unless sufficient factors are
+        broadcast instead (then the sum counts once at each port)."""
         cluster = self.cluster
         seconds = self.instance_seconds(placement)
         compute_s = self.compute_s(placement, seconds)
         instances = _instances(placement)
-        chain_s, arriving, entering, reduced = _chains_and_arrivals(
-            *instances,
-            seconds.astype(np.float64),
-            self._input_ptr,
-            self._input_tensor,
-            *self._tensors,
-            self._machine,
-            self._rate,
-            cluster.num_machines,
-            self._links,
-            collectives,
+        walk = _Walk(
+            *_chains_and_arrivals(
+                *instances,
+                seconds.astype(np.float64),
+                self._input_ptr,
+                self._input_tensor,
+                *self._tensors,
+                self._machine,
+                self._rate,
+                self._port,
+                self._downlink,
+                cluster.num_machines,
+                self._links,
+                collectives,
+            )
         )
         if not self._links:
-            return StepBoundParts(compute_s, 0.0, 0.0, chain_s)
-        leaving, exiting = self._departures(instances, reduced)
-        busy = self._collective_busy(placement, reduced)
+            return StepBoundParts(compute_s, 0.0, 0.0, walk.chain_s)
+        leaving, exiting = self._departures(instances, walk.reduced)
+        by_members = self._by_members(placement, walk.reduced)
+        start_s = walk.release_s
+        if resolved is not None:
+            start_s = self._synchronized(by_members, resolved, walk, instances, seconds)
+        busy, collectives_s = self._collective_busy(by_members, start_s)
         d, m = cluster.num_devices, cluster.num_machines
         ports = np.concatenate(
-            [arriving / self._port + busy[d : 2 * d], leaving / self._out_port + busy[:d]]
+            [walk.arriving / self._port + busy[d : 2 * d], leaving / self._out_port + busy[:d]]
         )
         network = np.concatenate(
             [
-                entering / self._downlink + busy[2 * d + m :],
+                walk.entering / self._downlink + busy[2 * d + m :],
                 exiting / self._downlink + busy[2 * d : 2 * d + m],
             ]
         )
@@ -259,19 +408,132 @@ class StepBound:
             compute_s=compute_s,
             ports_s=float(ports.max(initial=0.0)),
             network_s=float(network.max(initial=0.0)),
-            chain_s=chain_s,
+            chain_s=walk.chain_s,
+            collectives_s=collectives_s,
         )
 
 
+def _after_release_s(release_s: np.ndarray, busy_s: np.ndarray) -> float:
+    """The earliest a link is done with work released over time: work ``j`` takes
+    ``busy_s[j]`` seconds of the link and cannot start before ``release_s[j]``, so
+    whatever is released at or after a time still takes its seconds after it, and the link
+    is busy at least until the largest ``release_s[k]`` plus the work released no earlier
+    (the classic bound of one machine with release dates)."""
+    order = np.argsort(-release_s, kind="stable")
+    return float((release_s[order] + np.cumsum(busy_s[order])).max(initial=0.0))
+
+
+@njit(cache=True)
+def _serial_before(
+    inst_ptr: np.ndarray,
+    inst_device: np.ndarray,
+    inst_lo: np.ndarray,
+    inst_hi: np.ndarray,
+    op_split: np.ndarray,
+    seconds: np.ndarray,
+    input_ptr: np.ndarray,
+    input_tensor: np.ndarray,
+    producer: np.ndarray,
+    batch: np.ndarray,
+    summed: np.ndarray,
+    unit: np.ndarray,
+    num_units: int,
+    num_devices: int,
+    finish: np.ndarray,
+    chain_s: float,
+) -> tuple[np.ndarray, float]:
+    """For each unit of tensors (``unit[t]``: at most 63 units), the least time before
+    all their producers' instances are done: a GPU runs its compute one task at a time,
+    so it is busy at least until it has run every instance of its that must precede one
+    of them, and those that cannot start before a time (their chain's start, ``finish``
+    less their seconds) run after it: one machine with release dates, the dates taken at
+    :data:`_START_SLICES` steps of the longest chain ``chain_s`` (any time gives a bound;
+    the steps keep it one pass). An instance must precede a reader's instance whose rows
+    it holds (a batch-split producer) and every reader's instance of the sum of its
+    partials (a reader not split the same way), as the chain bound waits for them; where
+    any instance may serve a reader, none is counted. Also the least time before every
+    unit's producers are done."""
+    num_ops = len(inst_ptr) - 1
+    before = np.zeros(len(inst_device), dtype=np.int64)  # bit u: precedes unit u
+    for t in range(len(producer)):
+        if unit[t] >= 0:
+            p = producer[t]
+            for j in range(inst_ptr[p], inst_ptr[p + 1]):
+                before[j] |= np.int64(1) << unit[t]
+    for op in range(num_ops - 1, -1, -1):  # readers come after their producers
+        c0, c1 = inst_ptr[op], inst_ptr[op + 1]
+        after = np.int64(0)
+        for c in range(c0, c1):
+            after |= before[c]
+        if after == 0:
+            continue
+        for k in range(input_ptr[op], input_ptr[op + 1]):
+            t = input_tensor[k]
+            p = producer[t]
+            first, last = inst_ptr[p], inst_ptr[p + 1]
+            if batch[t] and op_split[p]:
+                for c in range(c0, c1):
+                    if before[c] == 0:
+                        continue
+                    lo, hi = inst_lo[c], inst_hi[c]
+                    start = first + np.searchsorted(inst_hi[first:last], lo, side="right")
+                    for j in range(start, last):
+                        if inst_lo[j] >= hi:
+                            break
+                        before[j] |= before[c]
+            elif summed[t] and op_split[p] and not op_split[op]:
+                for j in range(first, last):
+                    before[j] |= after
+    # by when each instance may start at the earliest (its chain), in _START_SLICES
+    # slices of the longest chain: the row of "any" last
+    width = chain_s / _START_SLICES
+    busy = np.zeros((num_units + 1, num_devices, _START_SLICES))
+    for i in range(len(inst_device)):
+        bits = before[i]
+        if bits == 0:
+            continue
+        d = inst_device[i]
+        b = 0
+        if width > 0.0:
+            b = min(int((finish[i] - seconds[i]) / width), _START_SLICES - 1)
+        busy[num_units, d, b] += seconds[i]
+        for u in range(num_units):
+            if (bits >> u) & 1:
+                busy[u, d, b] += seconds[i]
+    serial = np.zeros(num_units + 1)
+    for u in range(num_units + 1):
+        for d in range(num_devices):
+            after = 0.0
+            for b in range(_START_SLICES - 1, -1, -1):
+                after += busy[u, d, b]
+                if after > 0.0:  # work starts at or after the slice's first time
+                    serial[u] = max(serial[u], b * width + after)
+    return serial[:num_units], serial[num_units]
+
+
 def _instances(placement: Placement) -> tuple[np.ndarray, ...]:
-    """The placement's instances as the kernels read them."""
+    """The placement's instances as the kernels read them (its int32 columns as they
+    are: the kernels' arithmetic on them is 64-bit)."""
     return (
-        placement.inst_ptr.astype(np.int64),
-        placement.inst_device.astype(np.int64),
-        placement.inst_lo.astype(np.int64),
-        placement.inst_hi.astype(np.int64),
+        placement.inst_ptr,
+        placement.inst_device,
+        placement.inst_lo,
+        placement.inst_hi,
         placement.op_mode == int(Mode.SPLIT),
     )
+
+
+@njit(cache=True)
+def _released(made: np.ndarray, busy_s: np.ndarray) -> float:
+    """:func:`_after_release_s` for a few pieces of work, without sorting them."""
+    latest = 0.0
+    for k in range(len(made)):
+        after = 0.0
+        for j in range(len(made)):
+            if made[j] >= made[k]:
+                after += busy_s[j]
+        latest = max(latest, made[k] + after)
+    return latest
 
 
 @njit(cache=True)
@@ -293,14 +555,17 @@ def _chains_and_arrivals(
     consumer_op: np.ndarray,
     machine: np.ndarray,
     rate: np.ndarray,
+    in_port: np.ndarray,
+    downlink: np.ndarray,
     num_machines: int,
     links: bool,
     collectives: bool,
-) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The longest chain, the bytes arriving at every GPU and machine, and, with
     ``collectives``, which tensors an AllReduce sums (their links are counted apart:
-    module docstring). Instances of a batch-split op hold disjoint rows in ascending
-    order."""
+    module docstring), the earliest each such AllReduce can start (once the last of its
+    partials is made) and a reader it is summed for. Instances of a batch-split op hold
+    disjoint rows in ascending order."""
     num_ops = len(inst_ptr) - 1
     num_devices = len(rate)
     finish = np.zeros(len(inst_device))
@@ -309,6 +574,9 @@ def _chains_and_arrivals(
     for op in range(num_ops):
         widest = max(widest, inst_ptr[op + 1] - inst_ptr[op])
     ready = np.zeros(widest)
+    made = np.zeros(widest)
+    port_s = np.zeros(widest)
+    far_s = np.zeros(widest)
     for op in range(num_ops):
         c0, c1 = inst_ptr[op], inst_ptr[op + 1]
         ready[: c1 - c0] = 0.0
@@ -322,14 +590,27 @@ def _chains_and_arrivals(
                 for c in range(c0, c1):
                     d, lo, hi = inst_device[c], inst_lo[c], inst_hi[c]
                     start = first + np.searchsorted(inst_hi[first:last], lo, side="right")
+                    remote = 0  # rows from other GPUs, each: made at, seconds in, machine
                     for j in range(start, last):
                         if inst_lo[j] >= hi:
                             break
                         arrive = finish[j]
                         if links and inst_device[j] != d:
-                            rows = min(hi, inst_hi[j]) - max(lo, inst_lo[j])
-                            arrive += rows * row_bytes[t] / rate[inst_device[j], d]
+                            nbytes = (min(hi, inst_hi[j]) - max(lo, inst_lo[j])) * row_bytes[t]
+                            arrive += nbytes / rate[inst_device[j], d]
+                            made[remote] = finish[j]
+                            port_s[remote] = nbytes / in_port[d]
+                            far_s[remote] = 0.0
+                            if machine[inst_device[j]] != machine[d]:
+                                far_s[remote] = nbytes / downlink[machine[d]]
+                            remote += 1
                         ready[c - c0] = max(ready[c - c0], arrive)
+                    if remote > 1:  # they share the GPU's in-port and machine's downlink
+                        ready[c - c0] = max(
+                            ready[c - c0],
+                            _released(made[:remote], port_s[:remote]),
+                            _released(made[:remote], far_s[:remote]),
+                        )
             elif summed[t] and op_split[p] and not op_split[op]:  # the sum of them all
                 for c in range(c0, c1):
                     d = inst_device[c]
@@ -364,8 +645,10 @@ def _chains_and_arrivals(
     arriving = np.zeros(num_devices)
     entering = np.zeros(num_machines)
     reduced = np.zeros(len(producer), dtype=np.bool_)  # summed by an AllReduce
+    release = np.zeros(len(producer))
+    summed_by = np.full(len(producer), -1, dtype=np.int64)
     if not links:
-        return chain, arriving, entering, reduced
+        return chain, arriving, entering, reduced, release, summed_by, finish
     device_need = np.zeros(num_devices)
     machine_need = np.zeros(num_machines)
     held_machine = np.zeros(num_machines, dtype=np.bool_)
@@ -402,6 +685,7 @@ def _chains_and_arrivals(
                 if partials and not op_split[reader]:
                     if mirrored and collectives and only_device < 0:  # an AllReduce
                         reduced[t] = True  # its links' share: StepBound._collective_busy
+                        summed_by[t] = reader
                         here = 0.0 if on_device[d] >= 0 else tensor_bytes[t]  # else a copy
                         on_machine = 0.0 if held_machine[m] else tensor_bytes[t]
                     elif mirrored:  # the sum, once
@@ -440,6 +724,8 @@ def _chains_and_arrivals(
         for j in range(first, last):
             on_device[inst_device[j]] = -1
             held_machine[machine[inst_device[j]]] = False
+            if reduced[t]:
+                release[t] = max(release[t], finish[j])
         for k in range(consumer_ptr[t], consumer_ptr[t + 1]):
             reader = consumer_op[k]
             for c in range(inst_ptr[reader], inst_ptr[reader + 1]):
@@ -449,4 +735,4 @@ def _chains_and_arrivals(
                 m = machine[d]
                 entering[m] += machine_need[m]
                 machine_need[m] = 0.0
-    return chain, arriving, entering, reduced
+    return chain, arriving, entering, reduced, release, summed_by, finish

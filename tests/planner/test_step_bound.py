@@ -2,9 +2,12 @@
 simulator gives, for every strategy kind of the compiler's tests and for strategies of
 the search's actions on zoo models and random clusters; its network part, under data
 parallelism over two machines, is the gradients' AllReduce at the cheapest algorithm's
-seconds per byte; an op moved whole onto one GPU sends every replica elsewhere its rows
-from that GPU and machine; with a measured communication profile only compute and chains
-count."""
+seconds per byte; under one bucket of every gradient its collectives part is the
+backward pass each GPU runs before the bucket and then the bucket's AllReduce, and the
+buckets it rebuilds are the compiler's under every gradient sync; the classic bound of one
+link with release dates by hand; an op moved whole onto one GPU sends every replica
+elsewhere its rows from that GPU and machine; with a measured communication profile only
+compute and chains count."""
 
 from __future__ import annotations
 
@@ -13,13 +16,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tagplan.planner import step_bound
+from tagplan.planner.compile import transport
 from tagplan.planner.compile.placement import place
 from tagplan.planner.cost.comm import CommModel
 from tagplan.planner.errors import InvalidInput, PlannerError
 from tagplan.planner.evaluate import Evaluator, resolve_planned
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.step_bound import StepBound
-from tagplan.planner.strategy import Mode
+from tagplan.planner.strategy import GradientSync, Mode, Strategy
 from tagplan.planner.topology import load_cluster
 from tests.planner.compile.test_graphdef import LAYERS, STRATEGIES, committed, strategy, two_by_two
 from tests.planner.compile.test_pipeline import joined_stages
@@ -43,7 +48,10 @@ def test_every_strategy_kind_steps_no_faster_than_its_bound(model: str) -> None:
         assert parts.step_time_s <= step_s * (1 + 1e-9), name
         assert evaluator.step_bound_s(candidate) == parts.step_time_s
         binding.add(
-            max(("compute", "ports", "network", "chain"), key=lambda p: getattr(parts, f"{p}_s"))
+            max(
+                ("compute", "ports", "network", "chain", "collectives"),
+                key=lambda p: getattr(parts, f"{p}_s"),
+            )
         )
     assert binding - {"compute"}, "no strategy was bound by anything but its compute"
 
@@ -99,6 +107,113 @@ def test_data_parallel_over_two_machines_counts_its_allreduce_at_the_cheapest_al
     scalars_s = 64 / network_bytes_per_s
     assert expected_s <= parts.network_s <= expected_s + scalars_s
     assert expected_s / 10 <= parts.ports_s <= (expected_s + scalars_s) / 10
+
+
+def test_under_one_bucket_the_allreduce_follows_each_gpus_backward_pass() -> None:
+    """DP-NCCL buckets every gradient together, so its AllReduce starts once every GPU has
+    made its partials: after each GPU has run, one at a time, every instance of its
+    replica that leads to a gradient (the batch-split ops upstream of the gradients'
+    producers, which under data parallelism are each replica's own). From then on the
+    machines' uplinks carry the gradients' bytes at the hierarchical algorithm's seconds
+    per byte. The mlp's step on two machines is bound by that sum, above every other
+    part."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    placement = place(ir, resolve_planned(dp, ir, cluster))
+    split = placement.op_mode == int(Mode.SPLIT)
+    gradients = ir.parameters.gradient_tensor[ir.parameters.gradient_tensor >= 0]
+    upstream = set()
+    stack = [int(ir.tensor_producer[t]) for t in gradients]
+    while stack:
+        op = stack.pop()
+        if op in upstream:
+            continue
+        upstream.add(op)
+        stack.extend(int(ir.tensor_producer[t]) for t in ir.input_lists[op])
+    upstream = {op for op in upstream if split[op]}
+    seconds = evaluator.step_bound.instance_seconds(placement)
+    before_s = max(
+        sum(
+            seconds[i]
+            for op in upstream
+            for i in placement.instances(op)
+            if placement.inst_device[i] == d
+        )
+        for d in range(cluster.num_devices)
+    )
+    hierarchical = 2 / (100e9 / 8) + 2 * (2 - 1) / 2 / (10e9 / 8)
+    allreduce_s = float(ir.tensor_bytes[gradients].sum()) * hierarchical
+    parts = evaluator.step_bound_parts(dp)
+    assert parts.collectives_s == pytest.approx(before_s + allreduce_s, rel=1e-9)
+    assert parts.collectives_s > max(parts.compute_s, parts.ports_s, parts.network_s, parts.chain_s)
+    assert parts.collectives_s <= evaluator.evaluate(dp, by_class=False).step_time_s
+
+
+@pytest.mark.parametrize("sync", list(GradientSync))
+@pytest.mark.parametrize("name", ["dp-nccl", "weights", "partial", "bucketed-apart", "hub"])
+def test_the_bound_rebuilds_the_compilers_buckets(
+    name: str, sync: GradientSync, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every strategy kind under each gradient sync (buckets of 4 KiB, so the mlp's
+    gradients fill several): the gradients' AllReduces the bound fills its buckets with
+    are the compiler's, in the compiler's order, and the step is no faster than the
+    bound."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    plain = strategy(name, ir, cluster, LAYERS["mlp"])
+    update = {"gradient_sync": sync, "bucket_bytes": 4096}
+    candidate = Strategy(
+        name=name,
+        default=plain.default.model_copy(update=update),
+        groups=[
+            g.model_copy(update={"decision": g.decision.model_copy(update=update)})
+            for g in plain.groups
+        ],
+    )
+    listed: dict[str, list] = {}
+
+    def recorder(where: str, buckets):
+        def record(allreduces, decisions):
+            listed[where] = list(allreduces)
+            return buckets(allreduces, decisions)
+
+        return record
+
+    monkeypatch.setattr(
+        step_bound, "gradient_buckets", recorder("bound", step_bound.gradient_buckets)
+    )
+    monkeypatch.setattr(
+        transport, "gradient_buckets", recorder("compiler", transport.gradient_buckets)
+    )
+    bound_s = evaluator.step_bound_s(candidate)
+    assert bound_s <= evaluator.evaluate(candidate, by_class=False).step_time_s * (1 + 1e-9)
+    assert len(listed["bound"]) > 1
+    if sync != GradientSync.OVERLAP:  # the compiler buckets nothing under overlap alone
+        assert listed["bound"] == listed["compiler"]
+
+
+def test_the_chains_few_transfers_share_their_link_as_the_sorted_bound_does() -> None:
+    """The chain's in-port check over a reader's few transfers (no sort) gives the bound
+    of one link with release dates (sorted), on random work."""
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 5, 9):
+        made = rng.choice([0.0, 1.0, 2.5, 4.0], size=size)
+        busy_s = rng.random(size)
+        assert step_bound._released(made, busy_s) == pytest.approx(
+            step_bound._after_release_s(made, busy_s), rel=1e-12
+        )
+
+
+def test_a_link_with_release_dates_by_hand() -> None:
+    """Work released at 0, 2 and 1 taking 3, 1 and 2 seconds: what is released at 1 or
+    later takes 3 seconds from 1 on (4), everything 6 from 0 on: 6. Work released at 5
+    taking 1 ends at 6 however little else there is."""
+    assert step_bound._after_release_s(np.array([0.0, 2.0, 1.0]), np.array([3.0, 1.0, 2.0])) == 6.0
+    assert step_bound._after_release_s(np.array([5.0, 0.0]), np.array([1.0, 1.0])) == 6.0
+    assert step_bound._after_release_s(np.zeros(0), np.zeros(0)) == 0.0
 
 
 def test_an_op_run_whole_on_one_gpu_sends_each_replica_elsewhere_its_rows() -> None:

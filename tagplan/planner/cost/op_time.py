@@ -257,18 +257,20 @@ class OpCostModel:
     ) -> OpTimes:
         """:meth:`op_times` of many op instances at once: entry ``i`` is op ``op[i]`` on
         type ``gpu_type[i]`` with ``local_batch[i]`` examples. Looks each (type, batch)
-        pair present up once, finding the pairs without sorting."""
-        seconds = np.zeros(len(op))
-        measured = np.zeros(len(op), dtype=bool)
+        pair present up once, finding the pairs without sorting, and gathers every
+        instance's figures from the pairs' rows at once."""
         span = int(local_batch.max(initial=0)) + 1
         code = gpu_type.astype(np.int64) * span + local_batch
         present = np.zeros(self.cluster.num_types * span, dtype=bool)
         present[code] = True
-        for pair in np.flatnonzero(present).tolist():
-            chosen = code == pair
-            times = self.op_times(*divmod(pair, span))
-            seconds[chosen] = times.seconds[op[chosen]]
-            measured[chosen] = times.measured[op[chosen]]
+        pairs = np.flatnonzero(present)
+        if not len(pairs):
+            return OpTimes(seconds=np.zeros(len(op)), measured=np.zeros(len(op), dtype=bool))
+        row_of = np.cumsum(present) - 1  # a present pair's row in the tables below
+        found = [self.op_times(*divmod(int(pair), span)) for pair in pairs]
+        rows = row_of[code]
+        seconds = np.stack([times.seconds for times in found])[rows, op]
+        measured = np.stack([times.measured for times in found])[rows, op]
         return OpTimes(seconds=seconds, measured=measured)
 
     def op_times(self, gpu_type: int, local_batch: int) -> OpTimes:

@@ -452,24 +452,30 @@ class StrategySearch:
         (:meth:`_meet`; the bound alone until there is one): a bound is often half the step
         or less, and a reward of the bound
         alone would draw the tree back to regions it has ruled out, where it spends its
-        convergence window. ``None`` when the bound leaves it a chance, or
-        when a search under a time budget finds bounds not worth computing
-        (:class:`_BoundPayoff`)."""
+        convergence window. ``None`` when the bound leaves it a chance. A search under a
+        time budget that finds the whole bound not worth computing
+        (:class:`_BoundPayoff`) checks the busiest GPU's compute alone
+        (:meth:`~tagplan.planner.evaluate.Evaluator.compute_bound_s`, from the placement's
+        instance times: a strategy that computes an op group whole on every GPU is ruled
+        out by it)."""
         if is_pipelined_key(key):
             return None
         mean_s = self._simulation_s / self._simulations if self._simulations else 0.0
-        if self._timed and not self._payoff.worth(mean_s):
-            return None
-        started = time.perf_counter()
         try:
-            bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
+            if self._timed and not self._payoff.worth(mean_s):
+                bound_s = self.evaluator.compute_bound_s(self.strategy_of(key))
+                if bound_s < beat_s:
+                    return None
+            else:
+                started = time.perf_counter()
+                bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
+                if math.isfinite(beat_s):  # the tree's first is bounded for the ratio only
+                    self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
+                if bound_s < beat_s:
+                    self._passed[key] = bound_s
+                    return None
         except PlannerError:
             return None  # the simulation refuses it and says why
-        if math.isfinite(beat_s):  # the tree's first strategy is bounded for the ratio only
-            self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
-        if bound_s < beat_s:
-            self._passed[key] = bound_s
-            return None
         ratios = self._step_over_bound
         estimate_s = bound_s * (float(np.median(ratios)) if ratios else 1.0)
         reward = self.reference_step_s / max(estimate_s, 1e-12)

@@ -301,6 +301,28 @@ def test_a_bound_that_seldom_rules_out_is_computed_only_now_and_then() -> None:
     assert payoff.worth(1.0)
 
 
+def test_a_bound_not_worth_computing_still_checks_the_busiest_gpus_compute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a time budget, with the whole bound judged not worth its time, a strategy
+    is ruled out by its busiest GPU's compute alone when that is no less than the step
+    to beat (its bound is then that compute), and left to the simulation otherwise,
+    without the whole bound computed either way."""
+    search = make_search("small_cnn", load_cluster("testbed"))
+    search._timed = True
+    monkeypatch.setattr(search._payoff, "worth", lambda simulation_s: False)
+
+    def refused(strategy: object) -> float:
+        raise AssertionError("the whole bound was computed")
+
+    monkeypatch.setattr(search.evaluator, "step_bound_s", refused)
+    key = search.complete([0])
+    compute_s = search.evaluator.compute_bound_s(search.strategy_of(key))
+    assert search._ruled_out(key, compute_s * 1.01) is None
+    ruled = search._ruled_out(key, compute_s)
+    assert ruled is not None and ruled.bounded and ruled.step_time_s == compute_s
+
+
 def test_root_parallel_merge_takes_the_fastest_plan_that_fits() -> None:
     def outcome(seed: int, step: float, oom: bool, overflow: int = 0) -> SearchOutcome:
         return SearchOutcome(seed, (0,), "{}", step, oom, overflow, 1, 1, 0, None, 0.0)
