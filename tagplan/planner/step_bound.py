@@ -93,6 +93,7 @@ __all__ = ["StepBound", "StepBoundParts"]
 _LARGE_BYTES = 1e12  # where every AllReduce's latency is lost in its bandwidth term
 _MAX_UNITS = 63  # gradients' start groups told apart by _serial_before (bits of an int64)
 _START_SLICES = 16  # _serial_before's steps of the instances' earliest starts
+_MAX_SETS = 256  # sets of units _serial_before sums apart (more: instance by instance)
 
 
 class _Walk(NamedTuple):
@@ -307,6 +308,7 @@ class StepBound:
             self.cluster.num_devices,
             walk.finish_s,
             walk.chain_s,
+            _MAX_SETS,
         )
         start_s[order] = np.maximum(
             start_s[order], np.where(after, serial_any_s, serial_s[unit[order]])
@@ -441,6 +443,7 @@ def _serial_before(
     num_devices: int,
     finish: np.ndarray,
     chain_s: float,
+    max_sets: int,
 ) -> tuple[np.ndarray, float]:
     """For each unit of tensors (``unit[t]``: at most 63 units), the least time before
     all their producers' instances are done: a GPU runs its compute one task at a time,
@@ -452,7 +455,8 @@ def _serial_before(
     it holds (a batch-split producer) and every reader's instance of the sum of its
     partials (a reader not split the same way), as the chain bound waits for them; where
     any instance may serve a reader, none is counted. Also the least time before every
-    unit's producers are done."""
+    unit's producers are done. Instances are summed per set of units they precede, up
+    to ``max_sets`` sets, and one unit at a time past them."""
     num_ops = len(inst_ptr) - 1
     before = np.zeros(len(inst_device), dtype=np.int64)  # bit u: precedes unit u
     for t in range(len(producer)):
@@ -485,9 +489,13 @@ def _serial_before(
                 for j in range(first, last):
                     before[j] |= after
     # by when each instance may start at the earliest (its chain), in _START_SLICES
-    # slices of the longest chain: the row of "any" last
+    # slices of the longest chain, summed per set of units it precedes (an op's
+    # instances share theirs, and a graph has few), then per unit: the row of "any" last
     width = chain_s / _START_SLICES
+    sets = np.zeros(max_sets, dtype=np.int64)
+    by_set = np.zeros((max_sets, num_devices, _START_SLICES))
     busy = np.zeros((num_units + 1, num_devices, _START_SLICES))
+    num_sets, last, k = 0, np.int64(0), -1
     for i in range(len(inst_device)):
         bits = before[i]
         if bits == 0:
@@ -496,10 +504,27 @@ def _serial_before(
         b = 0
         if width > 0.0:
             b = min(int((finish[i] - seconds[i]) / width), _START_SLICES - 1)
-        busy[num_units, d, b] += seconds[i]
+        if bits != last:
+            last, k = bits, -1
+            for j in range(num_sets):
+                if sets[j] == bits:
+                    k = j
+                    break
+            if k < 0 and num_sets < max_sets:
+                k, num_sets = num_sets, num_sets + 1
+                sets[k] = bits
+        if k >= 0:
+            by_set[k, d, b] += seconds[i]
+            continue
+        busy[num_units, d, b] += seconds[i]  # past max_sets sets: unit by unit
         for u in range(num_units):
             if (bits >> u) & 1:
                 busy[u, d, b] += seconds[i]
+    for k in range(num_sets):
+        busy[num_units] += by_set[k]
+        for u in range(num_units):
+            if (sets[k] >> u) & 1:
+                busy[u] += by_set[k]
     serial = np.zeros(num_units + 1)
     for u in range(num_units + 1):
         for d in range(num_devices):

@@ -408,10 +408,14 @@ def resolve(
     ps_device = np.full(len(decisions), -1, dtype=np.int32)
     op_device = np.full(ir.num_ops, -1, dtype=np.int32)
     spread = 0  # parameter servers placed round-robin so far
+    laid_out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # by decision id
     for group, decision in enumerate(decisions):
         where = f"group {group}" if group < len(strategy.groups) else "default"
-        devices = _group_devices(decision, cluster, where)
-        replicas, weights = _replicas(decision, devices, names, where)
+        found = laid_out.get(id(decision))  # groups often share one decision object
+        if found is None:
+            devices = _group_devices(decision, cluster, where)
+            found = laid_out[id(decision)] = (devices, *_replicas(decision, devices, names, where))
+        devices, replicas, weights = found
         count = int(micro_batches[group])  # micro-batch-major: every GPU's replicas per one
         replica_device.append(np.tile(replicas, count))
         replica_weight.append(np.tile(weights, count) / count)

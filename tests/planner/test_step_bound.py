@@ -207,6 +207,41 @@ def test_the_chains_few_transfers_share_their_link_as_the_sorted_bound_does() ->
         )
 
 
+def test_the_gpus_time_before_each_bucket_is_the_same_summed_per_set_of_buckets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Horovod's buckets of the mlp at 4 KiB on two machines: the instances summed per
+    set of buckets they precede give each bucket's start what they give summed one
+    bucket at a time (every set past the first taken instance by instance), and the
+    buckets start at different times."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    horovod = baseline_strategy("horovod", ir, cluster, evaluator.costs)
+    small = Strategy(
+        name="horovod",
+        default=horovod.default.model_copy(update={"bucket_bytes": 4096}),
+        groups=horovod.groups,
+    )
+    calls: list[tuple] = []
+    serial_before = step_bound._serial_before
+
+    def record(*args):
+        calls.append(args)
+        return serial_before(*args)
+
+    monkeypatch.setattr(step_bound, "_serial_before", record)
+    evaluator.step_bound_s(small)
+    (args,) = calls
+    assert args[12] > 1  # units
+    summed = serial_before(*args)
+    one_by_one = serial_before(*args[:-1], 1)
+    assert np.allclose(summed[0], one_by_one[0], rtol=1e-12) and summed[1] == pytest.approx(
+        one_by_one[1], rel=1e-12
+    )
+    assert len(set(summed[0].round(12))) > 1
+
+
 def test_a_link_with_release_dates_by_hand() -> None:
     """Work released at 0, 2 and 1 taking 3, 1 and 2 seconds: what is released at 1 or
     later takes 3 seconds from 1 on (4), everything 6 from 0 on: 6. Work released at 5

@@ -120,24 +120,22 @@ class GraphIR:
 
     def op_index(self, name: str) -> int:
         """IR index of an original node name (also for dropped identities)."""
-        if name in self.aliases:
-            return self.aliases[name]
         return self._name_index()[name]
 
     def op_indices(self, names: Sequence[str]) -> np.ndarray:
         """:meth:`op_index` of each of ``names``; ``KeyError`` names the first unknown."""
-        index, aliases = self._name_index(), self.aliases
+        index = self._name_index()
         try:
-            return np.array(
-                [aliases[n] if n in aliases else index[n] for n in names], dtype=np.int64
-            )
+            return np.fromiter(map(index.__getitem__, names), dtype=np.int64, count=len(names))
         except KeyError:
-            raise KeyError(next(n for n in names if n not in aliases and n not in index)) from None
+            raise KeyError(next(n for n in names if n not in index)) from None
 
     def _name_index(self) -> dict[str, int]:
+        """Every original node name's IR index: the ops' own, then the dropped
+        identities' (an alias wins where a name is both)."""
         cached = self.__dict__.get("_names")
         if cached is None:
-            cached = {n: i for i, n in enumerate(self.op_names)}
+            cached = {n: i for i, n in enumerate(self.op_names)} | self.aliases
             object.__setattr__(self, "_names", cached)
         return cached
 
