@@ -109,6 +109,16 @@ def test_data_parallel_over_two_machines_counts_its_allreduce_at_the_cheapest_al
     assert expected_s / 10 <= parts.ports_s <= (expected_s + scalars_s) / 10
 
 
+def _data_parallel_mlp() -> tuple:
+    """The mlp on two machines of two GPUs: its IR, the cluster, an evaluator, DP-NCCL
+    and its placement."""
+    _, ir = committed("mlp")
+    cluster = two_by_two()
+    evaluator = Evaluator(ir, cluster)
+    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    return ir, cluster, evaluator, dp, place(ir, resolve_planned(dp, ir, cluster))
+
+
 def test_under_one_bucket_the_allreduce_follows_each_gpus_backward_pass() -> None:
     """DP-NCCL buckets every gradient together, so its AllReduce starts once every GPU has
     made its partials: after each GPU has run, one at a time, every instance of its
@@ -117,11 +127,7 @@ def test_under_one_bucket_the_allreduce_follows_each_gpus_backward_pass() -> Non
     machines' uplinks carry the gradients' bytes at the hierarchical algorithm's seconds
     per byte. The mlp's step on two machines is bound by that sum, above every other
     part."""
-    _, ir = committed("mlp")
-    cluster = two_by_two()
-    evaluator = Evaluator(ir, cluster)
-    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
-    placement = place(ir, resolve_planned(dp, ir, cluster))
+    ir, cluster, evaluator, dp, placement = _data_parallel_mlp()
     split = placement.op_mode == int(Mode.SPLIT)
     gradients = ir.parameters.gradient_tensor[ir.parameters.gradient_tensor >= 0]
     upstream = set()
@@ -256,11 +262,7 @@ def test_an_op_run_whole_on_one_gpu_sends_each_replica_elsewhere_its_rows() -> N
     three other replicas read leave GPU 0 besides what left it before, and the half read
     on the other machine leaves its machine, however little of it reaches each reader (a
     quarter of the batch)."""
-    _, ir = committed("mlp")
-    cluster = two_by_two()
-    evaluator = Evaluator(ir, cluster)
-    dp = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
-    placement = place(ir, resolve_planned(dp, ir, cluster))
+    ir, _, evaluator, _, placement = _data_parallel_mlp()
     split = placement.op_mode == int(Mode.SPLIT)
     consumers = np.split(ir.tensor_consumer_op, ir.tensor_consumer_ptr[1:-1])
     t = max(
