@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tagplan.planner import step_bound
+from tagplan.planner import collective_starts
 from tagplan.planner.compile import transport
 from tagplan.planner.compile.placement import place
 from tagplan.planner.cost.comm import CommModel
@@ -189,7 +189,7 @@ def test_the_bound_rebuilds_the_compilers_buckets(
         return record
 
     monkeypatch.setattr(
-        step_bound, "gradient_buckets", recorder("bound", step_bound.gradient_buckets)
+        collective_starts, "gradient_buckets", recorder("bound", collective_starts.gradient_buckets)
     )
     monkeypatch.setattr(
         transport, "gradient_buckets", recorder("compiler", transport.gradient_buckets)
@@ -208,8 +208,8 @@ def test_the_chains_few_transfers_share_their_link_as_the_sorted_bound_does() ->
     for size in (1, 2, 5, 9):
         made = rng.choice([0.0, 1.0, 2.5, 4.0], size=size)
         busy_s = rng.random(size)
-        assert step_bound._released(made, busy_s) == pytest.approx(
-            step_bound._after_release_s(made, busy_s), rel=1e-12
+        assert collective_starts.released(made, busy_s) == pytest.approx(
+            collective_starts.after_release_s(made, busy_s), rel=1e-12
         )
 
 
@@ -230,13 +230,13 @@ def test_the_gpus_time_before_each_bucket_is_the_same_summed_per_set_of_buckets(
         groups=horovod.groups,
     )
     calls: list[tuple] = []
-    serial_before = step_bound._serial_before
+    serial_before = collective_starts.serial_before
 
     def record(*args):
         calls.append(args)
         return serial_before(*args)
 
-    monkeypatch.setattr(step_bound, "_serial_before", record)
+    monkeypatch.setattr(collective_starts, "serial_before", record)
     evaluator.step_bound_s(small)
     (args,) = calls
     assert args[12] > 1  # units
@@ -252,9 +252,12 @@ def test_a_link_with_release_dates_by_hand() -> None:
     """Work released at 0, 2 and 1 taking 3, 1 and 2 seconds: what is released at 1 or
     later takes 3 seconds from 1 on (4), everything 6 from 0 on: 6. Work released at 5
     taking 1 ends at 6 however little else there is."""
-    assert step_bound._after_release_s(np.array([0.0, 2.0, 1.0]), np.array([3.0, 1.0, 2.0])) == 6.0
-    assert step_bound._after_release_s(np.array([5.0, 0.0]), np.array([1.0, 1.0])) == 6.0
-    assert step_bound._after_release_s(np.zeros(0), np.zeros(0)) == 0.0
+    assert (
+        collective_starts.after_release_s(np.array([0.0, 2.0, 1.0]), np.array([3.0, 1.0, 2.0]))
+        == 6.0
+    )
+    assert collective_starts.after_release_s(np.array([5.0, 0.0]), np.array([1.0, 1.0])) == 6.0
+    assert collective_starts.after_release_s(np.zeros(0), np.zeros(0)) == 0.0
 
 
 def test_an_op_run_whole_on_one_gpu_sends_each_replica_elsewhere_its_rows() -> None:
