@@ -14,11 +14,16 @@ gathers through its in-port.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numba import njit
 
 from tagplan.planner.compile.buckets import GradientAllReduce, gradient_buckets
 from tagplan.planner.strategy import GradientSync, ResolvedStrategy
+
+if TYPE_CHECKING:  # the walk imports this module's kernels
+    from tagplan.planner.chains import ChainWalk
 
 __all__ = ["GradientStarts", "after_release_s", "released", "serial_before"]
 
@@ -43,7 +48,8 @@ class GradientStarts:
         summed: np.ndarray,
         num_devices: int,
     ) -> None:
-        self._producer, self._consumer_ptr = producer, consumer_ptr
+        self._producer = producer
+        self._one_reader = np.diff(consumer_ptr) == 1  # per tensor
         self._gradient, self._bytes = gradient, tensor_bytes
         self._input_ptr, self._input_tensor = input_ptr, input_tensor
         self._batch, self._summed = batch, summed
@@ -55,7 +61,7 @@ class GradientStarts:
         resolved: ResolvedStrategy,
         instances: tuple[np.ndarray, ...],
         seconds: np.ndarray,
-        chain: tuple[np.ndarray, np.ndarray, np.ndarray, float],
+        walk: ChainWalk,
     ) -> np.ndarray:
         """The earliest each AllReduce starts under its op group's gradient sync
         (:class:`~tagplan.planner.strategy.GradientSync`): a gradient's in an
@@ -67,15 +73,13 @@ class GradientStarts:
         the instances that must precede those partials, one at a time
         (:func:`serial_before`). Once its own partials are made where that order is not
         certain: unless every gradient summed has one reader and no op reads two of them.
-
-        ``chain``: per tensor, when its AllReduce's partials are made and a reader it is
-        summed for; per instance, the chain's finish; and the longest chain (what the step
-        bound's walk over the instances finds)."""
-        release_s, summed_by, finish_s, chain_s = chain
+        ``walk`` is the step bound's walk over the instances: when each AllReduce's
+        partials are made, a reader it is summed for, and each instance's chain."""
+        release_s, summed_by = walk.release_s, walk.summed_by
         gradients = [t for tensors in by_members.values() for t in tensors if self._gradient[t]]
         if not gradients:
             return release_s
-        single = np.diff(self._consumer_ptr)[gradients] == 1
+        single = self._one_reader[gradients]
         readers = summed_by[gradients]
         if not single.all() or len(np.unique(readers)) < len(readers):
             return release_s
@@ -115,8 +119,8 @@ class GradientStarts:
             unit,
             units,
             self.num_devices,
-            finish_s,
-            chain_s,
+            walk.finish_s,
+            walk.chain_s,
             _MAX_SETS,
         )
         start_s[order] = np.maximum(

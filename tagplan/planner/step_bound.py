@@ -319,8 +319,7 @@ class StepBound:
         by_members = self._by_members(placement, walk.reduced)
         start_s = walk.release_s
         if resolved is not None:
-            chain = (walk.release_s, walk.summed_by, walk.finish_s, walk.chain_s)
-            start_s = self._starts.starts(by_members, resolved, instances, seconds, chain)
+            start_s = self._starts.starts(by_members, resolved, instances, seconds, walk)
         busy, collectives_s = self._collective_busy(by_members, start_s)
         d, m = cluster.num_devices, cluster.num_machines
         ports = np.concatenate(
