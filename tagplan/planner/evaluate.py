@@ -22,8 +22,9 @@ from tagplan.planner.sim.simulate import SimResult, simulate, upward_rank
 from tagplan.planner.step_bound import StepBound, StepBoundParts
 from tagplan.planner.strategy import ResolvedStrategy, Strategy, resolve
 from tagplan.planner.topology import Cluster
+from tagplan.planner.topology.twins import TwinMachines
 
-__all__ = ["Evaluation", "Evaluator", "resolve_planned", "warm_up"]
+__all__ = ["Evaluation", "Evaluator", "relabeled", "resolve_planned", "warm_up"]
 
 
 def resolve_planned(
@@ -81,6 +82,8 @@ class Evaluator:
         self.by_class = by_class
         self._step_bound: StepBound | None = None
         self._placed: tuple[Strategy, ResolvedStrategy, Placement] | None = None
+        self.twins = TwinMachines(cluster)
+        self._twin_map: tuple[Placement, np.ndarray | None] | None = None
 
     def placed(self, strategy: Strategy) -> tuple[ResolvedStrategy, Placement]:
         """``strategy`` resolved as the planner resolves it (:func:`resolve_planned`) and
@@ -94,23 +97,40 @@ class Evaluator:
         self._placed = (strategy, resolved, placement)
         return resolved, placement
 
+    def twin_map(self, strategy: Strategy) -> np.ndarray | None:
+        """The device map that moves ``strategy``'s placement onto the lowest of its
+        machines' twins (:meth:`~tagplan.planner.topology.twins.TwinMachines.relabel`),
+        or ``None`` where there is none to move onto or it has a pipeline (whose stages
+        name their GPUs). Costs a placement (kept for :meth:`evaluate`)."""
+        resolved, placement = self.placed(strategy)
+        kept = self._twin_map
+        if kept is not None and kept[0] is placement:
+            return kept[1]
+        found = None if resolved.pipeline is not None else self.twins.relabel(placement.inst_device)
+        self._twin_map = (placement, found)
+        return found
+
     def identity(self, strategy: Strategy) -> bytes:
         """A digest of everything the compile and the simulation read of ``strategy``:
-        its placement (every op's instances: GPU, rows, mode), each op's group, each
-        group's resolved collective, gradient synchronization and bucket size, its
-        pipeline stages and micro-batches, and the parameters broadcast as sufficient
-        factors. The decisions' other fields (device groups, option, replicas, batch
-        shares, the parameter server's GPU, model-parallel placement) reach the compiler
-        through the placement alone, so two strategies of one identity compile to the
-        same task graph and simulate to the same step and memory: a search simulates
+        its placement (every op's instances: GPU, rows, mode) moved onto the lowest twin
+        machines (:meth:`twin_map`), each op's group, each group's resolved collective,
+        gradient synchronization and bucket size, its pipeline stages and micro-batches,
+        and the parameters broadcast as sufficient factors. The decisions' other fields
+        (device groups, option, replicas, batch shares, the parameter server's GPU,
+        model-parallel placement) reach the compiler through the placement alone, so two
+        strategies of one identity compile to the same task graph up to the names of
+        twin GPUs and simulate to the same step and out-of-memory verdict, with the same
+        peak memory on GPUs in the same place (:func:`relabeled`): a search simulates
         only the first of them. Costs a placement (kept for :meth:`evaluate`)."""
         resolved, placement = self.placed(strategy)
+        twin_map = self.twin_map(strategy)
+        device = placement.inst_device if twin_map is None else twin_map[placement.inst_device]
         # SHA-256: measured at 4.5 ms over 6 MB of instance arrays, half of BLAKE2b's time
         digest = hashlib.sha256()
         for column in (
             placement.op_mode,
             placement.inst_ptr,
-            placement.inst_device,
+            device.astype(placement.inst_device.dtype),
             placement.inst_lo,
             placement.inst_hi,
             resolved.op_group,
@@ -186,6 +206,39 @@ class Evaluator:
         resolved, placement = self.placed(strategy)
         sfb = bool(resolved.sfb_parameters.size)  # gradients broadcast, not AllReduced
         return self.step_bound.parts(placement, resolved, collectives=not sfb)
+
+
+def relabeled(
+    result: SimResult, source: np.ndarray | None, target: np.ndarray | None, cluster: Cluster
+) -> SimResult:
+    """The simulation of a strategy whose twin map (:meth:`Evaluator.twin_map`) is
+    ``target`` from that of one of the same identity whose twin map is ``source``
+    (``None``: no GPU moved): every GPU's figures and its ports' from the GPU at its
+    place, every machine's links from the machine at its place."""
+    if source is None and target is None:
+        return result
+    num_devices = cluster.num_devices
+    everything = np.arange(num_devices)
+    to_place = everything if target is None else target
+    from_place = np.empty(num_devices, dtype=np.int64)
+    from_place[everything if source is None else source] = everything
+    device = from_place[to_place]  # per GPU, the GPU at its place in the simulated one
+    machine_of = cluster.device_machine
+    machine = np.empty(cluster.num_machines, dtype=np.int64)
+    machine[machine_of] = machine_of[device]
+    m = cluster.num_machines
+    links = np.concatenate(
+        [device, num_devices + device, 2 * num_devices + machine, 2 * num_devices + m + machine]
+    )
+    return replace(
+        result,
+        device_busy_s=result.device_busy_s[device],
+        device_idle_fraction=result.device_idle_fraction[device],
+        link_busy_s=result.link_busy_s[links],
+        link_idle_fraction=result.link_idle_fraction[links],
+        peak_memory_bytes=result.peak_memory_bytes[device],
+        overflow_bytes=result.overflow_bytes[device],
+    )
 
 
 def _per_device(result: SimResult, symmetry: Symmetry, num_devices: int) -> SimResult:

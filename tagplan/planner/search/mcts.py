@@ -94,7 +94,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from tagplan.planner.errors import BudgetExhausted, Cancelled, InvalidInput, PlannerError
-from tagplan.planner.evaluate import Evaluation, Evaluator
+from tagplan.planner.evaluate import Evaluation, Evaluator, relabeled
 from tagplan.planner.search.actions import Action, ActionSpace
 from tagplan.planner.search.grouping import Grouping
 from tagplan.planner.search.layout_branches import LayoutBranches, is_pipelined_key
@@ -357,6 +357,7 @@ class StrategySearch:
         self._met: set[tuple[int, ...]] = set()
         # compile identity (Evaluator.identity) -> the first key met with it
         self._identities: dict[bytes, tuple[int, ...]] = {}
+        self._twin_maps: dict[tuple[int, ...], np.ndarray | None] = {}  # of the firsts
         self._payoff = _BoundPayoff()
         self._timed = False  # whether the run in progress weighs bounds by their time
         self._rng = np.random.default_rng(seed)
@@ -427,15 +428,24 @@ class StrategySearch:
         compiles alike, or that one has no score yet."""
         if is_pipelined_key(key):
             return None
+        strategy = self.strategy_of(key)
         try:
-            identity = self.evaluator.identity(self.strategy_of(key))
+            identity = self.evaluator.identity(strategy)
         except PlannerError:
             return None  # the simulation refuses it and says why
+        twin_map = self.evaluator.twin_map(strategy)
         same = self._identities.setdefault(identity, key)
-        found = None if same == key else self._scored(same)
+        if same == key:
+            self._twin_maps[key] = twin_map
+            return None
+        found = self._scored(same)
         if found is None:
             return None
-        found = replace(found, same_as=same)
+        feedback = found.feedback
+        if feedback is not None:  # its GPUs where this strategy has them
+            source = self._twin_maps[same]
+            feedback = relabeled(feedback, source, twin_map, self.evaluator.cluster)
+        found = replace(found, same_as=same, feedback=feedback)
         if found.bounded:
             self._bounded[key] = found
         else:
