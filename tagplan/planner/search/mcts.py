@@ -423,9 +423,11 @@ class StrategySearch:
         graph ``key``'s strategy compiles to as well (the same
         :meth:`~tagplan.planner.evaluate.Evaluator.identity`: decisions that place and
         synchronize alike, such as two actions for an op group whose ops follow other
-        groups' placement), kept under ``key`` too: it would simulate to the same step
-        and memory, and its bound is that one's. ``None`` where no strategy met before
-        compiles alike, or that one has no score yet."""
+        groups' placement, or alike on twin machines), kept under ``key`` too: it would
+        simulate to the same step and memory, and its bound is that one's; its runtime
+        feedback moved onto ``key``'s GPUs (:func:`~tagplan.planner.evaluate.relabeled`).
+        ``None`` where no strategy met before compiles alike, or that one has no score
+        yet."""
         if is_pipelined_key(key):
             return None
         strategy = self.strategy_of(key)

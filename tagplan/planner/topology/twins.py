@@ -49,8 +49,8 @@ class TwinMachines:
                 for b in range(a + 1, m):
                     if twin[b] == b and _twins(cluster, a, b):
                         twin[b] = a
-        self._twin = twin  # the lowest machine of each machine's class
-        self.any = bool((twin != np.arange(m)).any())
+        self.lowest_twin = twin  # per machine, the lowest machine of its twin class
+        self.has_twins = bool((twin != np.arange(m)).any())
 
     def relabel(self, inst_device: np.ndarray) -> np.ndarray | None:
         """A device map (each device's new number) that moves the machines ``inst_device``
@@ -58,9 +58,9 @@ class TwinMachines:
         class onto the rest of it, a GPU onto the GPU at its place in the new machine);
         ``None`` when that changes nothing or would change the order of the used machines
         (module docstring)."""
-        if not self.any or not len(inst_device):
+        if not self.has_twins or not len(inst_device):
             return None
-        twin = self._twin
+        twin = self.lowest_twin
         used = np.bincount(self._machine_of[inst_device], minlength=len(twin)) > 0
         machine_map = np.arange(len(twin), dtype=np.int64)
         for root in np.unique(twin[used]).tolist():

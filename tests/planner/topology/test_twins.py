@@ -21,7 +21,7 @@ def _machine(name: str, gpus: object, intra_gbps: float = 300) -> dict:
 
 
 def _classes(cluster_spec: dict) -> list[int]:
-    return TwinMachines(load_cluster(cluster_spec))._twin.tolist()
+    return TwinMachines(load_cluster(cluster_spec)).lowest_twin.tolist()
 
 
 def test_twins_hold_the_same_gpus_in_order_and_reach_everything_alike() -> None:
@@ -49,7 +49,7 @@ def test_twins_hold_the_same_gpus_in_order_and_reach_everything_alike() -> None:
         "machines": [spec["machines"][0], spec["machines"][4]],
         "network": {"bandwidth_gbps": 100},
     }
-    assert not TwinMachines(load_cluster(apart)).any
+    assert not TwinMachines(load_cluster(apart)).has_twins
 
 
 def test_a_placement_moves_onto_the_lowest_twins_only_in_order() -> None:
@@ -58,7 +58,7 @@ def test_a_placement_moves_onto_the_lowest_twins_only_in_order() -> None:
     become {1, 0} and {0, 1, 2} is where it would go: neither moves."""
     cluster = load_cluster("scale:64")
     twins = TwinMachines(cluster)
-    assert twins._twin.tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert twins.lowest_twin.tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
 
     def on(*machines: int) -> np.ndarray:
         return np.flatnonzero(np.isin(cluster.device_machine, machines))
@@ -95,7 +95,7 @@ def test_strategies_moved_onto_twins_simulate_alike(model: str, cluster: str) ->
     at the same memory on the GPU at the same place, per GPU and by class."""
     search = make_search(model, load_cluster(cluster))
     evaluator, space, rng = search.evaluator, search.space, np.random.default_rng(3)
-    twins = evaluator.twins._twin
+    twins = evaluator.twins.lowest_twin
     classes = [np.flatnonzero(twins == root) for root in np.unique(twins)]
     classes = [members for members in classes if len(members) > 1]
     index = {action: a for a, action in enumerate(space.actions)}
