@@ -12,13 +12,15 @@ latencies, and every GPU is of the same type.
 The compiler is not blind to GPU numbers, though: where several copies could serve a
 reader it takes the lowest-numbered GPU's, a ring goes round its members in GPU order,
 the first GPU of a placement runs the ops that need the whole batch. So
-:meth:`TwinMachines.relabel` moves the machines a placement uses onto the lowest
-machines of their twin classes only where that keeps the order of every used GPU: each
-rule then picks the same instance, the compiler emits the same tasks in the same order
-with the GPUs renamed, and the simulator gives the same step, the same peak memory on
-the renamed GPUs and the same out-of-memory verdict (up to the order of floating-point
-sums over links and GPUs). Two strategies whose relabeled placements agree are
-simulated once by the search (:meth:`~tagplan.planner.evaluate.Evaluator.identity`).
+:meth:`TwinMachines.relabel` moves the machines a placement uses only in ways that keep
+the order of every used GPU: from the lowest used machine up, each onto the lowest
+machine of its twin class above where the one before it went. Each rule then picks the
+same instance, the compiler emits the same tasks in the same order with the GPUs
+renamed, and the simulator gives the same step, the same peak memory on the renamed GPUs
+and the same out-of-memory verdict (up to the order of floating-point sums over links
+and GPUs). The move depends only on the twin classes of the used machines in order, so
+strategies one such move apart get the same image; the search simulates one of them
+(:meth:`~tagplan.planner.evaluate.Evaluator.identity`).
 """
 
 from __future__ import annotations
@@ -51,24 +53,31 @@ class TwinMachines:
                         twin[b] = a
         self.lowest_twin = twin  # per machine, the lowest machine of its twin class
         self.has_twins = bool((twin != np.arange(m)).any())
+        self._members = {int(r): np.flatnonzero(twin == r) for r in np.unique(twin)}
 
     def relabel(self, inst_device: np.ndarray) -> np.ndarray | None:
         """A device map (each device's new number) that moves the machines ``inst_device``
-        uses onto the lowest machines of their twin classes, in order (the others of each
-        class onto the rest of it, a GPU onto the GPU at its place in the new machine);
-        ``None`` when that changes nothing or would change the order of the used machines
-        (module docstring)."""
+        uses, from the lowest up, each onto the lowest machine of its twin class above
+        where the one before it went (the lowest such map that keeps the used machines'
+        order: strategies one such move apart get the same map's image), the other
+        machines of each class onto the rest of it, and a GPU onto the GPU at its place
+        in its new machine; ``None`` when no machine moves (module docstring)."""
         if not self.has_twins or not len(inst_device):
             return None
         twin = self.lowest_twin
-        used = np.bincount(self._machine_of[inst_device], minlength=len(twin)) > 0
-        machine_map = np.arange(len(twin), dtype=np.int64)
-        for root in np.unique(twin[used]).tolist():
-            members = np.flatnonzero(twin == root)
-            machine_map[np.concatenate([members[used[members]], members[~used[members]]])] = members
-        kept = machine_map[used]
-        if (kept == np.flatnonzero(used)).all() or (np.diff(kept) <= 0).any():
+        used = np.flatnonzero(np.bincount(self._machine_of[inst_device], minlength=len(twin)))
+        target = np.empty(len(used), dtype=np.int64)
+        below = -1
+        for k, machine in enumerate(used.tolist()):
+            members = self._members[twin[machine]]
+            below = target[k] = members[np.searchsorted(members, below, side="right")]
+        if (target == used).all():
             return None
+        machine_map = np.arange(len(twin), dtype=np.int64)
+        machine_map[used] = target
+        for root in np.unique(twin[used]).tolist():
+            members = self._members[root]
+            machine_map[np.setdiff1d(members, used)] = np.setdiff1d(members, target)
         position = np.arange(self._num_devices) - self._first_device[self._machine_of]
         return self._first_device[machine_map[self._machine_of]] + position
 

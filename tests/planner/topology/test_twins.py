@@ -54,8 +54,9 @@ def test_twins_hold_the_same_gpus_in_order_and_reach_everything_alike() -> None:
 
 def test_a_placement_moves_onto_the_lowest_twins_only_in_order() -> None:
     """On ``scale:64`` (twin classes {0, 3, 6}, {1, 4, 7}, {2, 5}): machine 4 alone moves
-    to 1, {4, 7} to {1, 4}, {3, 4} to {0, 1}, each GPU to its place there; {1, 3} would
-    become {1, 0} and {0, 1, 2} is where it would go: neither moves."""
+    to 1, {4, 7} to {1, 4}, {3, 4} to {0, 1}, {1, 6} to {1, 3} (not {1, 0}: the order
+    is kept), each GPU to its place there; {1, 3} and {0, 1, 2} are where they would go:
+    neither moves."""
     cluster = load_cluster("scale:64")
     twins = TwinMachines(cluster)
     assert twins.lowest_twin.tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
@@ -63,7 +64,7 @@ def test_a_placement_moves_onto_the_lowest_twins_only_in_order() -> None:
     def on(*machines: int) -> np.ndarray:
         return np.flatnonzero(np.isin(cluster.device_machine, machines))
 
-    for machines, moved_to in [((4,), (1,)), ((4, 7), (1, 4)), ((3, 4), (0, 1))]:
+    for machines, moved_to in [((4,), (1,)), ((4, 7), (1, 4)), ((3, 4), (0, 1)), ((1, 6), (1, 3))]:
         device_map = twins.relabel(on(*machines))
         assert device_map is not None
         assert sorted(device_map.tolist()) == list(range(cluster.num_devices))
