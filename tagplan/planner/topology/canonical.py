@@ -48,6 +48,7 @@ __all__ = [
     "fingerprint",
     "map_devices",
     "map_groups",
+    "twin_machines",
 ]
 
 FINGERPRINT_FORMAT = "tagplan.topology.fingerprint/3"
@@ -146,6 +147,14 @@ def canonical_order(cluster: Cluster, *, max_leaves: int = DEFAULT_MAX_LEAVES) -
 def fingerprint(cluster: Cluster, *, max_leaves: int = DEFAULT_MAX_LEAVES) -> str:
     """Hex SHA-256 of the canonical form: equal for renamed/reordered/renumbered clusters."""
     return canonical_order(cluster, max_leaves=max_leaves).fingerprint
+
+
+def twin_machines(cluster: Cluster) -> np.ndarray:
+    """(M,) int64: the lowest machine each machine is a twin of (the same invariant and the
+    same links to every other machine: module docstring)."""
+    invariants = _machine_invariants(cluster)
+    inv_code = _rank([invariants[m] for m in range(cluster.num_machines)])
+    return _twin_classes(inv_code, _link_codes(cluster))
 
 
 def map_devices(source: Cluster, target: Cluster) -> np.ndarray:

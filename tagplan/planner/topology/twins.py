@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tagplan.planner.topology.canonical import twin_machines
 from tagplan.planner.topology.cluster import Cluster
 
 __all__ = ["TwinMachines"]
@@ -42,15 +43,14 @@ class TwinMachines:
         self._first_device = np.searchsorted(machine_of, np.arange(m)).astype(np.int64)
         self._machine_of = machine_of.astype(np.int64)
         self._num_devices = cluster.num_devices
-        contiguous = bool((np.diff(machine_of) >= 0).all())
         twin = np.arange(m, dtype=np.int64)
-        if contiguous:
-            for a in range(m):
-                if twin[a] != a:
-                    continue
-                for b in range(a + 1, m):
-                    if twin[b] == b and _twins(cluster, a, b):
-                        twin[b] = a
+        if (np.diff(machine_of) >= 0).all():  # GPUs numbered machine by machine
+            alike = twin_machines(cluster)  # the fingerprint's twins, then by GPU order
+            types = [cluster.device_type[machine_of == x].tobytes() for x in range(m)]
+            for x in range(m):
+                twin[x] = next(
+                    y for y in range(x + 1) if alike[y] == alike[x] and types[y] == types[x]
+                )
         self.lowest_twin = twin  # per machine, the lowest machine of its twin class
         self.has_twins = bool((twin != np.arange(m)).any())
         self._members = {int(r): np.flatnonzero(twin == r) for r in np.unique(twin)}
@@ -80,23 +80,3 @@ class TwinMachines:
             machine_map[np.setdiff1d(members, used)] = np.setdiff1d(members, target)
         position = np.arange(self._num_devices) - self._first_device[self._machine_of]
         return self._first_device[machine_map[self._machine_of]] + position
-
-
-def _twins(cluster: Cluster, a: int, b: int) -> bool:
-    """Whether machines ``a`` and ``b`` are twins (module docstring)."""
-    types_a = cluster.device_type[cluster.device_machine == a]
-    types_b = cluster.device_type[cluster.device_machine == b]
-    if not np.array_equal(types_a, types_b):
-        return False
-    bandwidth, latency = cluster.machine_bandwidth_bytes_per_s, cluster.machine_latency_s
-    others = np.setdiff1d(np.arange(cluster.num_machines), [a, b])
-    return bool(
-        bandwidth[a, a] == bandwidth[b, b]
-        and latency[a, a] == latency[b, b]
-        and bandwidth[a, b] == bandwidth[b, a]
-        and latency[a, b] == latency[b, a]
-        and np.array_equal(bandwidth[a, others], bandwidth[b, others])
-        and np.array_equal(bandwidth[others, a], bandwidth[others, b])
-        and np.array_equal(latency[a, others], latency[b, others])
-        and np.array_equal(latency[others, a], latency[others, b])
-    )
