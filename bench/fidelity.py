@@ -14,6 +14,13 @@ default). Rows:
   GPU, predicted with the ``dp-nccl`` baseline (one packed NCCL AllReduce after the
   backward pass).
 
+The guide kept the variables of Inception-v3 and both ResNets on the host CPU
+(``variable_update=parameter_server``, ``local_parameter_device=cpu``), also on one GPU.
+The single-GPU P100 rows of those models are also predicted in that configuration: the
+DGX-1's two host CPUs as one more device (datasheet figures), linked to the GPU by PCIe
+3.0 x16, every variable's parameter server on it (its SGD update runs there, the GPU pulls
+the parameters and pushes the gradients each step).
+
 The training graphs are built here from ``tf_keras.applications`` (``weights=None``,
 nothing downloaded) with the zoo's recipe and SGD, as the guide trained: forward,
 backward, one ``ResourceApplyGradientDescent`` per parameter. Predictions use the
@@ -38,8 +45,9 @@ from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.load import loads_graph_def
-from tagplan.planner.search.baselines import baseline_strategy
-from tagplan.planner.topology import load_cluster
+from tagplan.planner.search.baselines import baseline_strategy, ps_variables
+from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy
+from tagplan.planner.topology import Cluster, load_cluster
 
 SOURCE = (
     "TensorFlow performance guide, Benchmarks (the benchmarks page of "
@@ -94,6 +102,20 @@ SCALING_BATCH = 64
 # 640 Gbit/s aggregate (the convention of the named clusters' NVLink machines).
 DGX1_NVLINK_GBPS = 640.0
 
+# The DGX-1's host (NVIDIA DGX-1 system datasheet, 2016; Intel Xeon E5-2698 v4 product
+# brief): two 20-core Xeon E5-2698 v4 at 2.2 GHz, 32 FP32 FLOP per cycle and core (two
+# AVX2 FMA units), four DDR4-2400 channels of 19.2 GB/s each per socket, 512 GB of memory.
+DGX1_HOST = {
+    "name": "DGX1-host-CPUs",
+    "fp32_tflops": 2 * 20 * 2.2e9 * 32 / 1e12,
+    "memory_bandwidth_gb_per_s": 2 * 4 * 19.2,
+    "memory_gib": 512,
+    "winograd": False,
+}
+# PCIe 3.0 x16 between the host and a GPU: 16 lanes x 8 GT/s, 128b/130b encoding.
+PCIE3_X16_GBPS = 16 * 8 * 128 / 130
+PARAMETER_SERVER_CPU = {"InceptionV3", "ResNet-50", "ResNet-152"}
+
 
 def build_graph(model: Model, batch: int) -> tuple[bytes, list[str]]:
     """The SGD training graph of ``model`` (serialized GraphDef) and its batch inputs."""
@@ -129,11 +151,47 @@ def single_gpu(gpu: str) -> dict:
     }
 
 
+def host_parameter_server(gpu: str) -> dict:
+    """One GPU and the DGX-1's host CPUs as a device of their own, linked by PCIe."""
+    return {
+        "gpu_types": [DGX1_HOST],
+        "machines": [
+            single_gpu(gpu)["machines"][0],
+            {
+                "name": "cpus",
+                "gpus": {"type": DGX1_HOST["name"], "count": 1},
+                "intra_bandwidth_gbps": PCIE3_X16_GBPS,
+            },
+        ],
+        "network": {"bandwidth_gbps": PCIE3_X16_GBPS},
+    }
+
+
+def variables_on_host(ir: GraphIR, cluster: Cluster) -> Strategy:
+    """The model on the GPU, every variable's parameter server (and its update) on the
+    host, as ``variable_update=parameter_server, local_parameter_device=cpu`` runs it."""
+    gpu_group = int(cluster.group_of_device[0])
+    on_host = GroupDecision(
+        device_groups=[gpu_group],
+        option=Option.REPLICATE_PS,
+        ps_device=str(cluster.device_names[1]),
+    )
+    groups = [
+        OpGroup(ops=[ir.op_names[o] for o in sorted(ops)], decision=on_host)
+        for _, ops in ps_variables(ir)
+    ]
+    default = GroupDecision(device_groups=[gpu_group], option=Option.REPLICATE_ALLREDUCE)
+    return Strategy(name="parameter-server-cpu", groups=groups, default=default)
+
+
 def simulated_step_s(ir: GraphIR, cluster_spec: dict, strategy: str) -> float:
     cluster = load_cluster(cluster_spec)
     evaluator = Evaluator(ir, cluster)
-    evaluation = evaluator.evaluate(baseline_strategy(strategy, ir, cluster, evaluator.costs))
-    return evaluation.step_time_s
+    if strategy == "parameter-server-cpu":
+        chosen = variables_on_host(ir, cluster)
+    else:
+        chosen = baseline_strategy(strategy, ir, cluster, evaluator.costs)
+    return evaluator.evaluate(chosen).step_time_s
 
 
 def ratio_cell(ratio: float, bar: float) -> str:
@@ -160,8 +218,9 @@ def main() -> None:
     lines = [
         "Single GPU, training images/s (predicted: `single` baseline, simulated step):",
         "",
-        "| model | GPU | batch | predicted | published | predicted / published | published in |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| model | GPU | batch | predicted | published | predicted / published | published in "
+        "| predicted, variables on the host CPUs | its ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     single_rates: dict[tuple[str, str, int], float] = {}
     for name, gpu, batch, published, where in SINGLE:
@@ -170,9 +229,15 @@ def main() -> None:
         step = simulated_step_s(ir_at(name, batch), single_gpu(gpu), "single")
         rate = batch / step
         single_rates[name, gpu, batch] = rate
+        host = "| – | – |"
+        if name in PARAMETER_SERVER_CPU and gpu == "P100-SXM2":
+            on_host = batch / simulated_step_s(
+                ir_at(name, batch), host_parameter_server(gpu), "parameter-server-cpu"
+            )
+            host = f"| {on_host:,.1f} | {ratio_cell(on_host / published, 0.15)} |"
         lines.append(
             f"| {name} | {gpu} | {batch} | {rate:,.1f} | {published:,.1f} | "
-            f"{ratio_cell(rate / published, 0.15)} | {where} |"
+            f"{ratio_cell(rate / published, 0.15)} | {where} {host}"
         )
     lines += [
         "",
@@ -230,9 +295,11 @@ def main() -> None:
         "is a per-step cost outside the simulated GPU step. The guide ran Inception-v3 and "
         "both ResNets with their variables on the host CPU (`parameter_server, cpu`) even on "
         "one GPU: every step copies the parameters to the GPU and the gradients back over "
-        "PCIe and applies SGD on the CPU, which the planner's clusters (GPUs only) do not "
-        "have. The K80 rows test the same efficiencies on a Kepler GPU at its boost-clock "
-        "datasheet peak.",
+        f"PCIe and applies SGD on the CPU. The last two columns simulate that configuration "
+        f"(the DGX-1's two Xeon E5-2698 v4 as one device of {DGX1_HOST['fp32_tflops']:.2f} "
+        f"TFLOP/s and {DGX1_HOST['memory_bandwidth_gb_per_s']:.1f} GB/s, PCIe 3.0 x16 at "
+        f"{PCIE3_X16_GBPS:.0f} Gbit/s). The K80 rows test the same efficiencies on a Kepler "
+        "GPU at its boost-clock datasheet peak.",
     ]
     body = "\n".join(lines)
     print(body)

@@ -39,7 +39,7 @@ from tagplan.planner.strategy import (
 )
 from tagplan.planner.topology import Cluster
 
-__all__ = ["BASELINES", "DATA_PARALLEL_BASELINES", "baseline_strategy"]
+__all__ = ["BASELINES", "DATA_PARALLEL_BASELINES", "baseline_strategy", "ps_variables"]
 
 
 def _all_groups(cluster: Cluster) -> list[int]:
@@ -109,7 +109,7 @@ def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
     remote worker's push and pull of them, as TensorFlow's greedy load balancing by byte
     size spreads variables over PS tasks), and there on its least-loaded GPU."""
     groups = _all_groups(cluster)
-    variables = _ps_variables(ir)
+    variables = ps_variables(ir)
     load = np.zeros(cluster.num_devices)
     machine_load = np.zeros(cluster.num_machines)
     op_groups = []
@@ -129,7 +129,7 @@ def dp_ps(ir: GraphIR, cluster: Cluster, costs: OpCostModel) -> Strategy:
     return Strategy(name="dp-ps", groups=op_groups, default=default)
 
 
-def _ps_variables(ir: GraphIR) -> list[tuple[int, set[int]]]:
+def ps_variables(ir: GraphIR) -> list[tuple[int, set[int]]]:
     """``(bytes, ops)`` of every trainable variable a parameter server holds: a dense
     parameter with its slots and update region, a sparse table with its slots and
     updates (its lookups follow it by colocation)."""
