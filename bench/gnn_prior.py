@@ -2,8 +2,8 @@
 training run draws from (:data:`~tagplan.gnn.train.EVAL_SEEDS`).
 
 For each case (a zoo model on an unseen random cluster; half of them TAG §5.2's
-generator, half larger allocations of 8-12 machines), three searches over the same op
-groups, actions and simulator, as ``tagplan plan`` builds them:
+generator, half larger allocations of 8-12 machines and 32-128 GPUs), three searches
+over the same op groups, actions and simulator, as ``tagplan plan`` builds them:
 
 * the MCTS with the uniform prior (the first tree of a plan: ties in the candidate
   generator's order), ``--iterations`` iterations;
@@ -45,6 +45,7 @@ from tagplan.gnn import load_prior
 from tagplan.gnn.dataset import Case, search_for
 from tagplan.gnn.train import EVAL_SEEDS
 from tagplan.planner.search.mcts import SearchProgress, StrategySearch
+from tagplan.planner.topology import load_cluster
 
 MODELS = [
     "vgg19",
@@ -58,20 +59,23 @@ MODELS = [
 ]
 WITHIN = 1.01
 LONG_SEARCH_AT_LEAST = 20  # Table 7's goal counts cases where uniform needs this many
+LARGE_GPUS = (32, 128)  # GPUs of the larger half of the cases
 
 
 def eval_cases(models: list[str], per_model: int, seed: int) -> list[Case]:
-    """``per_model`` unseen clusters per model, every other one 8-12 machines."""
+    """``per_model`` unseen clusters per model, every other one an allocation of 8-12
+    machines and 32-128 GPUs (seeds drawn until the generator gives that many GPUs)."""
     rng = random.Random(seed)
     cases = []
     for model in models:
         for index in range(per_model):
             cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
-            cluster = (
-                f"random:{cluster_seed}:{8 + cluster_seed % 5}"
-                if index % 2
-                else f"random:{cluster_seed}"
-            )
+            cluster = f"random:{cluster_seed}"
+            while index % 2:
+                cluster = f"random:{cluster_seed}:{8 + cluster_seed % 5}"
+                if LARGE_GPUS[0] <= load_cluster(cluster).num_devices <= LARGE_GPUS[1]:
+                    break
+                cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
             cases.append(Case(f"zoo:{model}", cluster, cluster_seed))
     return cases
 
@@ -212,8 +216,9 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
     body = "\n".join(
         [
             "Each case is a zoo model on a random cluster of a seed no training run draws "
-            "from (every other one 8-12 machines). Three searches over the same op groups, "
-            "actions and simulator, as `tagplan plan` builds them: the MCTS with the uniform "
+            "from (every other one 8-12 machines and 32-128 GPUs). Three searches over the "
+            "same op groups, actions and simulator, as `tagplan plan` builds them: the MCTS "
+            "with the uniform "
             "prior (ties in the candidate generator's order, as a plan's first tree), the "
             "same MCTS with the shipped GNN prior, and simulated annealing "
             "(`bench/search_yardstick.py`) as a yardstick outside the tree. The best known "
