@@ -191,6 +191,16 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
         f"cases where the uniform search needs {LONG_SEARCH_AT_LEAST} iterations or more: "
         f"{long_cases}; the GNN needs 3x fewer in {long_wins} of them",
     ]
+    halves = (("TAG §5.2's generator", False), ("8-12 machines, 32-128 GPUs", True))
+    for label, large in halves:  # the larger half's clusters name their machine count
+        half = [r for r in records if (r["cluster"].count(":") == 2) == large]
+        if half:
+            u = [iters(r, "uniform_iterations") for r in half]
+            g = [iters(r, "gnn_iterations") for r in half]
+            summary.append(
+                f"{label} ({len(half)} cases): uniform median / mean {_stats(u)}, GNN "
+                f"{_stats(g)} (ratio of means {statistics.fmean(u) / statistics.fmean(g):.2f})"
+            )
     budget_rows = [r for r in records if "gnn_2s" in r]
     for budget in ("2s", "5s"):
         if not budget_rows:
