@@ -64,20 +64,30 @@ LARGE_GPUS = (32, 128)  # GPUs of the larger half of the cases
 
 def eval_cases(models: list[str], per_model: int, seed: int) -> list[Case]:
     """``per_model`` unseen clusters per model, every other one an allocation of 8-12
-    machines and 32-128 GPUs (seeds drawn until the generator gives that many GPUs)."""
+    machines and 32-128 GPUs."""
     rng = random.Random(seed)
     cases = []
     for model in models:
         for index in range(per_model):
-            cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
-            cluster = f"random:{cluster_seed}"
-            while index % 2:
-                cluster = f"random:{cluster_seed}:{8 + cluster_seed % 5}"
-                if LARGE_GPUS[0] <= load_cluster(cluster).num_devices <= LARGE_GPUS[1]:
-                    break
-                cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
+            cluster, cluster_seed = _large_cluster(rng) if index % 2 else _tag_cluster(rng)
             cases.append(Case(f"zoo:{model}", cluster, cluster_seed))
     return cases
+
+
+def _tag_cluster(rng: random.Random) -> tuple[str, int]:
+    """A cluster of TAG §5.2's generator and its seed."""
+    cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
+    return f"random:{cluster_seed}", cluster_seed
+
+
+def _large_cluster(rng: random.Random) -> tuple[str, int]:
+    """A cluster of 8-12 machines and its seed, seeds drawn until it has
+    :data:`LARGE_GPUS` GPUs."""
+    while True:
+        cluster_seed = rng.randrange(EVAL_SEEDS.start, EVAL_SEEDS.stop)
+        cluster = f"random:{cluster_seed}:{8 + cluster_seed % 5}"
+        if LARGE_GPUS[0] <= load_cluster(cluster).num_devices <= LARGE_GPUS[1]:
+            return cluster, cluster_seed
 
 
 def _trace(search: StrategySearch, iterations: int) -> list[float]:
@@ -229,8 +239,7 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
             "from (every other one 8-12 machines and 32-128 GPUs). Three searches over the "
             "same op groups, actions and simulator, as `tagplan plan` builds them: the MCTS "
             "with the uniform prior (ties in the candidate generator's order, as a plan's "
-            "first tree), the "
-            "same MCTS with the shipped GNN prior, and simulated annealing "
+            "first tree), the same MCTS with the shipped GNN prior, and simulated annealing "
             "(`bench/search_yardstick.py`) as a yardstick outside the tree. The best known "
             "step of a case is the best any of them found; each MCTS's figure is the "
             "iterations until its best came within 1% of it (TAG Table 7). The budget rows "
