@@ -58,11 +58,16 @@ def train_command(
         from tagplan.gnn.model import DEFAULT_HYPER
         from tagplan.gnn.train import TRAIN_MODELS, TrainOptions, train
         from tagplan.gnn.train_layouts import train_layouts
+        from tagplan.planner.errors import InvalidInput
 
         chosen = tuple(m for m in (models.split(",") if models else TRAIN_MODELS) if m)
-        left_out = set(exclude.split(",")) if exclude else set()
+        left_out = tuple(m for m in (exclude.split(",") if exclude else ()) if m)
+        unknown = sorted(set(left_out) - set(chosen))
+        if unknown:
+            raise InvalidInput(f"--exclude names models the run does not train on: {unknown}")
         options = TrainOptions(
-            models=tuple(m for m in chosen if m not in left_out),
+            models=chosen,
+            exclude=left_out,
             clusters_per_model=clusters_per_model,
             seed=seed,
             rounds=rounds,

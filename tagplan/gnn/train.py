@@ -79,6 +79,9 @@ class TrainOptions:
     """How a run generates data and fits (the defaults made the shipped checkpoint)."""
 
     models: tuple[str, ...] = TRAIN_MODELS
+    exclude: tuple[str, ...] = ()
+    """Models whose cases are drawn but not generated nor fitted (TAG Table 8's unseen
+    model): every other case, and the validation split, stay those of the run without it."""
     clusters_per_model: int = 8
     seed: int = 0
     rounds: int = 2
@@ -104,14 +107,17 @@ def _cluster_for(seed: int, index: int) -> str:
     return f"random:{seed}"
 
 
-def cases_for(options: TrainOptions) -> list[Case]:
+def cases_for(options: TrainOptions, *, with_excluded: bool = False) -> list[Case]:
     """The training cases of a run: for every model, ``clusters_per_model`` clusters with
-    seeds drawn from :data:`TRAIN_SEEDS` by ``options.seed``."""
+    seeds drawn from :data:`TRAIN_SEEDS` by ``options.seed``; an excluded model's are
+    drawn too (so the others' stay the same) and dropped unless ``with_excluded``."""
     rng = random.Random(options.seed)
     cases = []
     for model in options.models:
         for index in range(options.clusters_per_model):
             seed = rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
+            if model in options.exclude and not with_excluded:
+                continue
             graph = model if ":" in model or "/" in model else f"zoo:{model}"
             cases.append(Case(graph, _cluster_for(seed, index), seed))
     return cases
@@ -284,6 +290,8 @@ def _what_counts(record: dict) -> dict:
     """What a run's results depend on: its record but the rounds and how many processes
     generate."""
     options = {k: v for k, v in record["options"].items() if k != "workers"}
+    if not options.get("exclude"):
+        options.pop("exclude", None)
     return {**{k: v for k, v in record.items() if k != "rounds"}, "options": options}
 
 
@@ -337,7 +345,7 @@ def train(
     record = open_run(record_path, {"options": asdict(options), "rounds": []})
     report = progress or (lambda *_: None)
     cases = cases_for(options)
-    held_out = held_out_cases(cases)
+    held_out = held_out_cases(cases_for(options, with_excluded=True))
     checkpoint: Path | None = None
     for round_index in range(options.rounds):
         round_dir = out / f"round-{round_index}"

@@ -114,6 +114,13 @@ def test_unknown_zoo_model_lists_the_known_ones() -> None:
     assert "vgg19" in result.stderr
 
 
+def test_train_refuses_to_leave_out_a_model_it_does_not_train_on(tmp_path) -> None:
+    result = invoke("train", "--out", str(tmp_path / "run"), "--exclude", "bert_large")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "bert_large" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_cluster_json_and_named_listing() -> None:
     result = invoke("cluster", "testbed", "--json")
     assert result.exit_code == 0, result.output

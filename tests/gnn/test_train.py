@@ -40,6 +40,14 @@ def test_cases_come_from_training_seeds_only() -> None:
     assert {c.cluster for c in cases if c.cluster in ("testbed", "cloud")} == {"testbed", "cloud"}
 
 
+def test_an_excluded_model_leaves_the_other_cases_as_they_were() -> None:
+    every = cases_for(TrainOptions())
+    without = cases_for(TrainOptions(exclude=("vgg19",)))
+    assert without == [c for c in every if c.graph != "zoo:vgg19"]
+    assert len(every) - len(without) == TrainOptions().clusters_per_model
+    assert cases_for(TrainOptions(exclude=("vgg19",)), with_excluded=True) == every
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
