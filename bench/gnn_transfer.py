@@ -72,7 +72,7 @@ def fitted(run: Path, round_index: int, ablation: str) -> tuple[Path, dict]:
     if not path.exists():
         cases = cases_for(options)
         data = run / f"round-{round_index}" / "data"
-        train_set, val_set, _ = load_examples(data, cases, held_out_cases(cases))
+        train_set, val_set, _ = load_examples(data, cases, held_out_cases(options))
         model, history = fit(train_set, val_set, options)
         save_checkpoint(
             path,

@@ -310,8 +310,10 @@ def open_run(record_path: Path, record: dict) -> dict:
     return {**previous, "options": record["options"]}
 
 
-def held_out_cases(cases: Sequence[Case]) -> set[Case]:
-    """The cases that validate the fit: every tenth, counting from the last."""
+def held_out_cases(options: TrainOptions) -> set[Case]:
+    """The cases that validate a run's fit: every tenth, counting from the last, of the
+    cases with the excluded models' (so excluding a model moves no other case)."""
+    cases = cases_for(options, with_excluded=True)
     return {cases[i] for i in range(len(cases) - 1, 0, -_HELD_OUT_EVERY)}
 
 
@@ -345,7 +347,7 @@ def train(
     record = open_run(record_path, {"options": asdict(options), "rounds": []})
     report = progress or (lambda *_: None)
     cases = cases_for(options)
-    held_out = held_out_cases(cases_for(options, with_excluded=True))
+    held_out = held_out_cases(options)
     checkpoint: Path | None = None
     for round_index in range(options.rounds):
         round_dir = out / f"round-{round_index}"

@@ -293,7 +293,7 @@ def train_layouts(
     )
     report = progress or (lambda *_: None)
     cases = cases_for(options)
-    held_out = held_out_cases(cases)
+    held_out = held_out_cases(options)
     generator = out / "base.pt"  # round 0 searches with the base network alone
     if not generator.exists():
         save_checkpoint(generator, base, {k: base_meta.get(k) for k in ("training", "metrics")})

@@ -10,7 +10,14 @@ import pytest
 
 from tagplan.gnn.checkpoint import load_checkpoint
 from tagplan.gnn.dataset import Case, case_file, load_case
-from tagplan.gnn.train import EVAL_SEEDS, TRAIN_SEEDS, TrainOptions, cases_for, train
+from tagplan.gnn.train import (
+    EVAL_SEEDS,
+    TRAIN_SEEDS,
+    TrainOptions,
+    cases_for,
+    held_out_cases,
+    train,
+)
 from tagplan.planner.errors import InvalidInput
 
 SMALL = TrainOptions(
@@ -46,6 +53,7 @@ def test_an_excluded_model_leaves_the_other_cases_as_they_were() -> None:
     assert without == [c for c in every if c.graph != "zoo:vgg19"]
     assert len(every) - len(without) == TrainOptions().clusters_per_model
     assert cases_for(TrainOptions(exclude=("vgg19",)), with_excluded=True) == every
+    assert held_out_cases(TrainOptions(exclude=("vgg19",))) == held_out_cases(TrainOptions())
 
 
 @pytest.fixture(scope="module")
