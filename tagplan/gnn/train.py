@@ -288,11 +288,12 @@ def fit(
 
 def _what_counts(record: dict) -> dict:
     """What a run's results depend on: its record but the rounds and how many processes
-    generate."""
-    options = {k: v for k, v in record["options"].items() if k != "workers"}
-    if not options.get("exclude"):
-        options.pop("exclude", None)
-    return {**{k: v for k, v in record.items() if k != "rounds"}, "options": options}
+    generate, as JSON holds it, an option a record lacks (a run of an earlier version)
+    taking its default."""
+    saved = json.loads(json.dumps(record))
+    options = {**json.loads(json.dumps(asdict(TrainOptions()))), **saved["options"]}
+    del options["workers"]
+    return {**{k: v for k, v in saved.items() if k != "rounds"}, "options": options}
 
 
 def open_run(record_path: Path, record: dict) -> dict:

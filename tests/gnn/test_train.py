@@ -90,6 +90,26 @@ def test_a_run_is_deterministic_and_learns(trained, tmp_path) -> None:
     assert load_checkpoint(resumed)[1]["state_sha256"] == meta["state_sha256"]
 
 
+def test_a_run_interrupted_after_its_first_round_resumes(tmp_path) -> None:
+    options = dataclasses.replace(SMALL, clusters_per_model=2, rounds=2, epochs=2)
+    fitted_rounds = []
+
+    def stop_in_the_second_round(stage: str, done: int, total: int) -> None:
+        if stage == "fit" and done == total:
+            fitted_rounds.append(done)
+        if stage == "generate" and len(fitted_rounds) == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(tmp_path, options, progress=stop_in_the_second_round)
+    first = load_checkpoint(tmp_path / "round-0" / "prior.pt")[1]["state_sha256"]
+    assert [r["round"] for r in json.loads((tmp_path / "run.json").read_text())["rounds"]] == [0]
+    train(tmp_path, options)  # the record on disk (JSON lists) matches the options (tuples)
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert [r["round"] for r in record["rounds"]] == [0, 1]
+    assert load_checkpoint(tmp_path / "round-0" / "prior.pt")[1]["state_sha256"] == first
+
+
 def test_case_files_hold_the_search_targets(trained) -> None:
     out, _ = trained
     case = cases_for(SMALL)[0]
