@@ -24,6 +24,10 @@ def train_command(
         str | None, typer.Option(help="Comma-separated models to leave out (unseen-model tests).")
     ] = None,
     clusters_per_model: Annotated[int, typer.Option(help="Random clusters per model.")] = 8,
+    larger_machines: Annotated[
+        tuple[int, int],
+        typer.Option(help="Machines (low high) of every third case's larger cluster."),
+    ] = (4, 8),
     iterations: Annotated[int, typer.Option(help="Search iterations per case.")] = 150,
     epochs: Annotated[int, typer.Option(help="Training epochs per round.")] = 40,
     rounds: Annotated[
@@ -69,6 +73,7 @@ def train_command(
             models=chosen,
             exclude=left_out,
             clusters_per_model=clusters_per_model,
+            larger_machines=larger_machines,
             seed=seed,
             rounds=rounds,
             iterations=iterations,

@@ -4,7 +4,7 @@ keep the visit distributions, :mod:`~.dataset`) and *fit* (cross-entropy between
 network's prior and those distributions, over the candidate actions).
 
 The cases are the zoo's training graphs on TAG §5.2's random clusters (and larger ones
-with up to 8 machines), with ``testbed`` and ``cloud``, all from seeds in
+with 4-8 machines by default), with ``testbed`` and ``cloud``, all from seeds in
 :data:`TRAIN_SEEDS`; evaluation uses other seeds (:data:`EVAL_SEEDS`), so a benchmark
 never plans on a cluster the network was trained on. A case's cluster is fixed by its
 seed; every tenth case, counting from the last, is held out to validate the fit.
@@ -46,6 +46,7 @@ __all__ = [
     "TRAIN_SEEDS",
     "TrainOptions",
     "cases_for",
+    "check_options",
     "evaluate_fit",
     "fit",
     "generate_cases",
@@ -83,6 +84,9 @@ class TrainOptions:
     """Models whose cases are drawn but not generated nor fitted (TAG Table 8's unseen
     model): every other case, and the validation split, stay those of the run without it."""
     clusters_per_model: int = 8
+    larger_machines: tuple[int, int] = (4, 8)
+    """Machines of every third case's cluster, a larger allocation than TAG's generator
+    draws (the range, both ends included)."""
     seed: int = 0
     rounds: int = 2
     iterations: int = 150
@@ -95,15 +99,17 @@ class TrainOptions:
     hyper: dict = field(default_factory=lambda: dict(DEFAULT_HYPER))
 
 
-def _cluster_for(seed: int, index: int) -> str:
-    """The cluster of a training case: TAG's generator, a larger allocation with 4-8
-    machines every third case, and the named testbed and cloud for the first two."""
+def _cluster_for(seed: int, index: int, machines: tuple[int, int]) -> str:
+    """The cluster of a training case: TAG's generator, a larger allocation with
+    ``machines`` machines every third case, and the named testbed and cloud for the first
+    two."""
     if index == 0:
         return "testbed"
     if index == 1:
         return "cloud"
     if index % 3 == 0:
-        return f"random:{seed}:{4 + seed % 5}"
+        low, high = machines
+        return f"random:{seed}:{low + seed % (high - low + 1)}"
     return f"random:{seed}"
 
 
@@ -119,7 +125,7 @@ def cases_for(options: TrainOptions, *, with_excluded: bool = False) -> list[Cas
             if model in options.exclude and not with_excluded:
                 continue
             graph = model if ":" in model or "/" in model else f"zoo:{model}"
-            cases.append(Case(graph, _cluster_for(seed, index), seed))
+            cases.append(Case(graph, _cluster_for(seed, index, options.larger_machines), seed))
     return cases
 
 
@@ -311,6 +317,15 @@ def open_run(record_path: Path, record: dict) -> dict:
     return {**previous, "options": record["options"]}
 
 
+def check_options(options: TrainOptions) -> None:
+    """Refuse options no run can follow, before anything is generated."""
+    if options.rounds < 1 or options.epochs < 1 or options.clusters_per_model < 1:
+        raise InvalidInput("rounds, epochs and clusters per model must be at least 1")
+    low, high = options.larger_machines
+    if not 1 <= low <= high:
+        raise InvalidInput(f"larger clusters need 1 <= low <= high machines, not {low}-{high}")
+
+
 def held_out_cases(options: TrainOptions) -> set[Case]:
     """The cases that validate a run's fit: every tenth, counting from the last, of the
     cases with the excluded models' (so excluding a model moves no other case)."""
@@ -340,8 +355,7 @@ def train(
 ) -> Path:
     """Run (or resume) a training run in ``out_dir``; returns the final checkpoint's path."""
     options = options or TrainOptions()
-    if options.rounds < 1 or options.epochs < 1 or options.clusters_per_model < 1:
-        raise InvalidInput("rounds, epochs and clusters per model must be at least 1")
+    check_options(options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "run.json"

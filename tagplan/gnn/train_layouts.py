@@ -49,11 +49,11 @@ from tagplan.gnn.tensors import to_tensors
 from tagplan.gnn.train import (
     TrainOptions,
     cases_for,
+    check_options,
     generate_cases,
     held_out_cases,
     open_run,
 )
-from tagplan.planner.errors import InvalidInput
 from tagplan.planner.search.prior import LayoutQuery, Prior
 
 __all__ = [
@@ -280,8 +280,7 @@ def train_layouts(
     """Run (or resume) a layout-head run on ``base_checkpoint`` in ``out_dir``; returns
     the final checkpoint's path."""
     options = options or TrainOptions()
-    if options.rounds < 1 or options.epochs < 1 or options.clusters_per_model < 1:
-        raise InvalidInput("rounds, epochs and clusters per model must be at least 1")
+    check_options(options)
     base, base_meta = load_checkpoint(base_checkpoint)
     base = without_layout_head(base)  # a checkpoint with a head trains a new one
     base_sha256 = state_digest(base.state_dict())

@@ -56,6 +56,20 @@ def test_an_excluded_model_leaves_the_other_cases_as_they_were() -> None:
     assert held_out_cases(TrainOptions(exclude=("vgg19",))) == held_out_cases(TrainOptions())
 
 
+def test_every_third_case_is_a_larger_allocation_of_the_machines_asked() -> None:
+    def machines(options: TrainOptions) -> set[int]:
+        return {
+            int(c.cluster.split(":")[2]) for c in cases_for(options) if c.cluster.count(":") == 2
+        }
+
+    assert machines(TrainOptions()) == set(range(4, 9))
+    larger = TrainOptions(larger_machines=(8, 12))
+    assert machines(larger) == set(range(8, 13))
+    assert [c.seed for c in cases_for(larger)] == [c.seed for c in cases_for(TrainOptions())]
+    with pytest.raises(InvalidInput, match="machines"):
+        train("unused", TrainOptions(larger_machines=(6, 3)))
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
