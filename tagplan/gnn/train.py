@@ -321,6 +321,8 @@ def check_options(options: TrainOptions) -> None:
     """Refuse options no run can follow, before anything is generated."""
     if options.rounds < 1 or options.epochs < 1 or options.clusters_per_model < 1:
         raise InvalidInput("rounds, epochs and clusters per model must be at least 1")
+    if not set(options.models) - set(options.exclude):
+        raise InvalidInput("every model of the run is excluded: nothing to train on")
     low, high = options.larger_machines
     if not 1 <= low <= high:
         raise InvalidInput(f"larger clusters need 1 <= low <= high machines, not {low}-{high}")

@@ -68,6 +68,8 @@ def test_every_third_case_is_a_larger_allocation_of_the_machines_asked() -> None
     assert [c.seed for c in cases_for(larger)] == [c.seed for c in cases_for(TrainOptions())]
     with pytest.raises(InvalidInput, match="machines"):
         train("unused", TrainOptions(larger_machines=(6, 3)))
+    with pytest.raises(InvalidInput, match="nothing to train on"):
+        train("unused", TrainOptions(models=("mlp",), exclude=("mlp",)))
 
 
 @pytest.fixture(scope="module")
