@@ -54,10 +54,7 @@ TABLE8_CLUSTERS = ("testbed", "cloud")
 
 
 def _options(run: Path) -> TrainOptions:
-    saved = json.loads((run / "run.json").read_text())["options"]
-    saved["models"] = tuple(saved["models"])
-    saved["exclude"] = tuple(saved.get("exclude", ()))
-    return TrainOptions(**saved)
+    return TrainOptions.from_json(json.loads((run / "run.json").read_text())["options"])
 
 
 def _last_checkpoint(run: Path) -> Path:

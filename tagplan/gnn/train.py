@@ -98,6 +98,12 @@ class TrainOptions:
     workers: int = 2
     hyper: dict = field(default_factory=lambda: dict(DEFAULT_HYPER))
 
+    @classmethod
+    def from_json(cls, saved: dict) -> TrainOptions:
+        """The options a run's record holds (JSON lists back to tuples; an option an
+        earlier record lacks takes its default)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+
 
 def _cluster_for(seed: int, index: int, machines: tuple[int, int]) -> str:
     """The cluster of a training case: TAG's generator, a larger allocation with

@@ -54,6 +54,8 @@ def test_an_excluded_model_leaves_the_other_cases_as_they_were() -> None:
     assert len(every) - len(without) == TrainOptions().clusters_per_model
     assert cases_for(TrainOptions(exclude=("vgg19",)), with_excluded=True) == every
     assert held_out_cases(TrainOptions(exclude=("vgg19",))) == held_out_cases(TrainOptions())
+    options = TrainOptions(exclude=("vgg19",), larger_machines=(8, 12))
+    assert TrainOptions.from_json(json.loads(json.dumps(dataclasses.asdict(options)))) == options
 
 
 def test_every_third_case_is_a_larger_allocation_of_the_machines_asked() -> None:
