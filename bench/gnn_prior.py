@@ -16,6 +16,10 @@ iterations until its best came within 1% of it (TAG Table 7 counts iterations un
 target is reached). Searches of one case share their simulations, which changes no
 iteration count.
 
+``--also CHECKPOINT...`` searches other networks in the same cases (their simulations
+shared, the best known step the best of every search) and writes a table of them beside
+the main checkpoint: training options compared side by side before one is shipped.
+
 ``--budgets`` adds the small-budget comparison: on the cases with 8 or more device
 groups, the step each prior reaches with a wall-clock search budget of 2 s and 5 s (the
 prior's inference included). ``--latency`` measures the prior's inference per expansion
@@ -34,6 +38,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -110,17 +115,29 @@ def _budget_step(case: Case, prior, budget_s: float) -> float:
     return math.inf if outcome.oom else outcome.step_time_s
 
 
-def run_case(case: Case, iterations: int, anneal: int, budgets: bool, checkpoint: str | None):
+def run_case(
+    case: Case,
+    iterations: int,
+    anneal: int,
+    budgets: bool,
+    checkpoint: str | None,
+    also: Sequence[str] = (),
+):
     torch.set_num_threads(1)
     gnn = load_prior(checkpoint)
+    others = {path: load_prior(path) for path in also}
     started = time.perf_counter()
     scores: dict = {}  # the case's simulations, shared by its searches
     uniform_search = search_for(case, None, scores=scores, shuffle_ties=False)
     uniform = _trace(uniform_search, iterations)
     guided = _trace(search_for(case, gnn, scores=scores, shuffle_ties=False), iterations)
+    other_traces = {
+        path: _trace(search_for(case, prior, scores=scores, shuffle_ties=False), iterations)
+        for path, prior in others.items()
+    }
     annealer = search_for(case, None, scores=scores, shuffle_ties=False)
     annealed = run_annealing(annealer, (0,) * annealer.grouping.num_groups, anneal, 0).best_s
-    known = min(min(uniform), min(guided), min(annealed))
+    known = min(min(uniform), min(guided), min(annealed), *map(min, other_traces.values()))
     record = {
         "graph": case.graph,
         "cluster": case.cluster,
@@ -137,10 +154,21 @@ def run_case(case: Case, iterations: int, anneal: int, budgets: bool, checkpoint
         "gnn_iterations": _first_within(guided, known * WITHIN),
         "prior_ms": 1000 * gnn.seconds / max(gnn.calls, 1),
     }
+    if others:
+        record["also"] = {
+            path: {
+                "best_s": min(trace),
+                "iterations": _first_within(trace, known * WITHIN),
+                "prior_ms": 1000 * others[path].seconds / max(others[path].calls, 1),
+            }
+            for path, trace in other_traces.items()
+        }
     if budgets and record["device_groups"] >= 8:
         for budget in (2.0, 5.0):
             record[f"uniform_{budget:g}s"] = _budget_step(case, None, budget)
             record[f"gnn_{budget:g}s"] = _budget_step(case, gnn, budget)
+            for path, prior in others.items():
+                record["also"][path][f"{budget:g}s"] = _budget_step(case, prior, budget)
     record["wall_s"] = time.perf_counter() - started
     return record
 
@@ -164,6 +192,67 @@ def latency(checkpoint: str | None) -> dict:
 
 def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} / {statistics.fmean(values):.1f}"
+
+
+def _guided(record: dict, path: str | None) -> dict:
+    """A GNN search's figures in ``record``: the main checkpoint's (``path`` None) or
+    those of an ``--also`` checkpoint."""
+    if path is not None:
+        return record["also"][path]
+    budgets = {b: record[f"gnn_{b}"] for b in ("2s", "5s") if f"gnn_{b}" in record}
+    return {"iterations": record["gnn_iterations"], "best_s": record["gnn_best_s"], **budgets}
+
+
+def _side_by_side(records: list[dict], args) -> list[str]:
+    """The ``--also`` checkpoints beside the main one, on the cases every one searched:
+    per model, iterations to within 1% and the cases where each needs 3x fewer than the
+    uniform search (of those where it needs 20 or more); the budget comparison per
+    checkpoint. Nothing without ``--also`` records."""
+    paths = list(dict.fromkeys(p for r in records for p in r.get("also", {})))
+    shared = [r for r in records if all(p in r.get("also", {}) for p in paths)]
+    if not paths or not shared:
+        return []
+    nets = [(args.checkpoint or "shipped", None), *((p, p) for p in paths)]
+
+    def iters(value: int | None) -> int:
+        return value if value is not None else args.iterations + 1
+
+    header = "| model | cases uniform >= 20 |" + "".join(
+        f" {label}: median / mean | 3x fewer |" for label, _ in nets
+    )
+    lines = [header, "| --- | ---: |" + " ---: | ---: |" * len(nets)]
+    for model in [*dict.fromkeys(r["graph"] for r in shared), "all"]:
+        mine = [r for r in shared if model in ("all", r["graph"])]
+        hard = [r for r in mine if iters(r["uniform_iterations"]) >= LONG_SEARCH_AT_LEAST]
+        cells = ""
+        for _, path in nets:
+            counts = [iters(_guided(r, path)["iterations"]) for r in mine]
+            wins = sum(
+                3 * iters(_guided(r, path)["iterations"]) <= iters(r["uniform_iterations"])
+                for r in hard
+            )
+            cells += f" {_stats(counts)} | {wins} |"
+        lines.append(f"| {model.removeprefix('zoo:')} | {len(hard)} |{cells}")
+    notes = []
+    budget_rows = [r for r in shared if "uniform_2s" in r]
+    for label, path in nets:
+        for budget in ("2s", "5s") if budget_rows else ():
+            at_least = sum(
+                _guided(r, path)[budget] <= r[f"uniform_{budget}"] * 1.0001 for r in budget_rows
+            )
+            notes.append(
+                f"{label}, {budget} budget: at least as fast as the uniform search in "
+                f"{at_least} of {len(budget_rows)}"
+            )
+    return [
+        "",
+        f"Checkpoints side by side on the same {len(shared)} cases (`--also`; the best known "
+        "step of a case is the best of every search, these included):",
+        "",
+        *lines,
+        "",
+        *(f"- {note}" for note in notes),
+    ]
 
 
 def write(records: list[dict], latency_record: dict | None, args) -> None:
@@ -253,6 +342,7 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
             *lines,
             "",
             *(f"- {line}" for line in summary),
+            *_side_by_side(records, args),
         ]
     )
     write_section(
@@ -275,6 +365,12 @@ def main() -> None:
     parser.add_argument("--anneal", type=int, default=100)
     parser.add_argument("--budgets", action="store_true")
     parser.add_argument("--latency", action="store_true")
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        help="other checkpoints searched in the same cases, compared in a table of their own",
+    )
     add_case_run_arguments(parser, "bench-gnn-prior.jsonl")
     args = parser.parse_args()
     done = records_done(args.out, lambda r: (r["graph"], r["cluster"]))
@@ -285,7 +381,9 @@ def main() -> None:
     ]
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [
-            pool.submit(run_case, c, args.iterations, args.anneal, args.budgets, args.checkpoint)
+            pool.submit(
+                run_case, c, args.iterations, args.anneal, args.budgets, args.checkpoint, args.also
+            )
             for c in cases
         ]
         for future in futures:
