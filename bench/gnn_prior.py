@@ -194,6 +194,36 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} / {statistics.fmean(values):.1f}"
 
 
+def _count(value: int | None, iterations: int) -> int:
+    """Iterations until within 1%; a search that never got there counts one past its
+    budget."""
+    return value if value is not None else iterations + 1
+
+
+def _long_cases(records: list[dict], iterations: int) -> list[dict]:
+    """The cases where the uniform search needs :data:`LONG_SEARCH_AT_LEAST` iterations or
+    more (those Table 7's goal counts)."""
+    return [
+        r for r in records if _count(r["uniform_iterations"], iterations) >= LONG_SEARCH_AT_LEAST
+    ]
+
+
+def _three_x_fewer(long_cases: list[dict], path: str | None, iterations: int) -> int:
+    """Of ``long_cases``, those where checkpoint ``path``'s search (:func:`_guided`) needs
+    3x fewer iterations than the uniform search."""
+    return sum(
+        3 * _count(_guided(r, path)["iterations"], iterations)
+        <= _count(r["uniform_iterations"], iterations)
+        for r in long_cases
+    )
+
+
+def _at_least_as_fast(rows: list[dict], path: str | None, budget: str) -> int:
+    """Of ``rows``, those where checkpoint ``path``'s plan at ``budget`` is at least as
+    fast as the uniform search's."""
+    return sum(_guided(r, path)[budget] <= r[f"uniform_{budget}"] * 1.0001 for r in rows)
+
+
 def _guided(record: dict, path: str | None) -> dict:
     """A GNN search's figures in ``record``: the main checkpoint's (``path`` None) or
     those of an ``--also`` checkpoint."""
@@ -213,33 +243,23 @@ def _side_by_side(records: list[dict], args) -> list[str]:
     if not paths or not shared:
         return []
     nets = [(args.checkpoint or "shipped", None), *((p, p) for p in paths)]
-
-    def iters(value: int | None) -> int:
-        return value if value is not None else args.iterations + 1
-
     header = "| model | cases uniform >= 20 |" + "".join(
         f" {label}: median / mean | 3x fewer |" for label, _ in nets
     )
     lines = [header, "| --- | ---: |" + " ---: | ---: |" * len(nets)]
     for model in [*dict.fromkeys(r["graph"] for r in shared), "all"]:
         mine = [r for r in shared if model in ("all", r["graph"])]
-        hard = [r for r in mine if iters(r["uniform_iterations"]) >= LONG_SEARCH_AT_LEAST]
+        hard = _long_cases(mine, args.iterations)
         cells = ""
         for _, path in nets:
-            counts = [iters(_guided(r, path)["iterations"]) for r in mine]
-            wins = sum(
-                3 * iters(_guided(r, path)["iterations"]) <= iters(r["uniform_iterations"])
-                for r in hard
-            )
-            cells += f" {_stats(counts)} | {wins} |"
+            counts = [_count(_guided(r, path)["iterations"], args.iterations) for r in mine]
+            cells += f" {_stats(counts)} | {_three_x_fewer(hard, path, args.iterations)} |"
         lines.append(f"| {model.removeprefix('zoo:')} | {len(hard)} |{cells}")
     notes = []
     budget_rows = [r for r in shared if "uniform_2s" in r]
     for label, path in nets:
         for budget in ("2s", "5s") if budget_rows else ():
-            at_least = sum(
-                _guided(r, path)[budget] <= r[f"uniform_{budget}"] * 1.0001 for r in budget_rows
-            )
+            at_least = _at_least_as_fast(budget_rows, path, budget)
             notes.append(
                 f"{label}, {budget} budget: at least as fast as the uniform search in "
                 f"{at_least} of {len(budget_rows)}"
@@ -257,7 +277,7 @@ def _side_by_side(records: list[dict], args) -> list[str]:
 
 def write(records: list[dict], latency_record: dict | None, args) -> None:
     def iters(r, key):
-        return r[key] if r[key] is not None else args.iterations + 1
+        return _count(r[key], args.iterations)
 
     lines = [
         "| model | cases | uniform: median / mean | GNN: median / mean | ratio of means | "
@@ -272,14 +292,14 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
         g = [iters(r, "gnn_iterations") for r in mine]
         all_u += u
         all_g += g
-        hard = [r for r in mine if iters(r, "uniform_iterations") >= LONG_SEARCH_AT_LEAST]
-        wins = [r for r in hard if iters(r, "gnn_iterations") * 3 <= iters(r, "uniform_iterations")]
+        hard = _long_cases(mine, args.iterations)
+        wins = _three_x_fewer(hard, None, args.iterations)
         long_cases += len(hard)
-        long_wins += len(wins)
+        long_wins += wins
         not_worse = sum(r["gnn_best_s"] <= r["uniform_best_s"] * 1.0001 for r in mine)
         lines.append(
             f"| {model.removeprefix('zoo:')} | {len(mine)} | {_stats(u)} | {_stats(g)} | "
-            f"{statistics.fmean(u) / statistics.fmean(g):.2f} | {len(hard)} | {len(wins)} | "
+            f"{statistics.fmean(u) / statistics.fmean(g):.2f} | {len(hard)} | {wins} | "
             f"{not_worse} of {len(mine)} |"
         )
     summary = [
@@ -306,7 +326,7 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
             break
         pairs = [(r[f"uniform_{budget}"], r[f"gnn_{budget}"]) for r in budget_rows]
         finite = [(u, g) for u, g in pairs if math.isfinite(u) and math.isfinite(g)]
-        at_least = sum(g <= u * 1.0001 for u, g in pairs)
+        at_least = _at_least_as_fast(budget_rows, None, budget)
         gain = math.exp(statistics.fmean(math.log(u / g) for u, g in finite)) if finite else 1
         summary.append(
             f"{budget} search budget on the {len(pairs)} cases with 8+ device groups: the "
