@@ -2,10 +2,13 @@
 simulated strategies, to an independent local search over the same op groups, actions and
 simulator, and to the best *uniform* strategy (every op group taking one action).
 
-Two searchers, each a :class:`~tagplan.planner.search.mcts.StrategySearch` of its own
+Three searchers, each a :class:`~tagplan.planner.search.mcts.StrategySearch` of its own
 over the same inputs, from the same first strategy (every op group replicated with
 AllReduce on every GPU, the candidate generator's first action): the uniform-prior MCTS
-as the planner runs it, and simulated annealing, whose move changes one op group's action
+alone for the whole budget (``mcts``); the same MCTS as the planner runs it
+(``mcts+refine``: it stops at the default convergence rule and refines its best by
+single-group moves, which may end before the budget); and simulated annealing, whose
+move changes one op group's action
 (a group drawn in proportion to its compute time, an action drawn uniformly) or, one move
 in five, gives every group one action drawn uniformly (single-group moves alone cannot
 cross from one placement to another without passing through slow or overflowing mixes),
@@ -35,6 +38,7 @@ from bench.plan_quality import analyzed
 from bench.report import write_section
 from tagplan.planner.errors import Cancelled
 from tagplan.planner.evaluate import Evaluator
+from tagplan.planner.options import DEFAULT_PATIENCE
 from tagplan.planner.search.actions import ActionSpace
 from tagplan.planner.search.baselines import baseline_strategy
 from tagplan.planner.search.grouping import cluster_mean_op_time_s, group_ops
@@ -43,7 +47,7 @@ from tagplan.planner.topology import load_cluster
 
 MODELS = ["vgg19", "inception_v3", "bert_small", "wide_deep"]
 CLUSTERS = ["random:901:4", "random:903:8"]
-SEARCHERS = ("mcts", "annealing")
+SEARCHERS = ("mcts", "mcts+refine", "annealing")
 _UNIFORM_MOVES = 0.2  # the annealer's share of moves that give every group one action
 
 
@@ -68,9 +72,10 @@ def _searcher(evaluator, grouping, space, reference_s: float) -> StrategySearch:
     return StrategySearch(evaluator, grouping, space, reference_step_s=reference_s)
 
 
-def run_mcts(search: StrategySearch, evaluations: int) -> _Trace:
+def run_mcts(search: StrategySearch, evaluations: int, patience: int | None = None) -> _Trace:
     """The tree search until it has simulated ``evaluations`` distinct strategies (or
-    run 20 times as many iterations)."""
+    run 20 times as many iterations); with ``patience``, the planner's convergence rule,
+    the refinement after it, and a search that may end before the budget."""
     trace = _Trace()
 
     def watch(p: SearchProgress) -> None:
@@ -80,6 +85,7 @@ def run_mcts(search: StrategySearch, evaluations: int) -> _Trace:
     with contextlib.suppress(Cancelled):  # cancelled once the budget is reached
         search.run(
             iterations=20 * evaluations,
+            patience=patience,
             progress=watch,
             cancel=lambda: len(trace.best_s) >= evaluations,
         )
@@ -143,6 +149,9 @@ def case(model: str, cluster_name: str, evaluations: int) -> dict:
     data_parallel = (0,) * grouping.num_groups
     traces = {
         "mcts": run_mcts(_searcher(evaluator, grouping, space, reference_s), evaluations),
+        "mcts+refine": run_mcts(
+            _searcher(evaluator, grouping, space, reference_s), evaluations, DEFAULT_PATIENCE
+        ),
         "annealing": run_annealing(
             _searcher(evaluator, grouping, space, reference_s), data_parallel, evaluations, 0
         ),

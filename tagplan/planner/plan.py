@@ -881,6 +881,7 @@ class Planner:
             evaluations=sum(o.evaluations for o in outcomes),
             bounded=sum(o.bounded for o in outcomes),
             transposed=sum(o.transposed for o in outcomes),
+            refined=sum(o.refined for o in outcomes),
             first_better_iteration=min(
                 (o.first_better_iteration for o in outcomes if o.first_better_iteration),
                 default=None,

@@ -186,39 +186,58 @@ def test_pipelines_are_not_cut_without_time_to_simulate_one() -> None:
     assert note.endswith("; pipelines not cut: no time left in the budget")
 
 
+def _last_improvement(best_s: list[float], upto: int, by: float) -> int:
+    """The iteration (1-based) of the last improvement of the best step among the first
+    ``upto`` iterations by more than the fraction ``by``."""
+    return max(i + 1 for i in range(upto) if i == 0 or best_s[i] < best_s[i - 1] * (1 - by))
+
+
 def test_the_search_stops_once_it_has_converged() -> None:
-    """With patience p the search ends when its best, found at iteration i, has not been
-    beaten for max(p, i) iterations, an iteration its step bound ruled out counting a
-    quarter; the same seed under an iteration cap it does not reach stops at the same
-    place (bounded by time alone, a search weighs its step bounds by their time, which
-    differs from run to run)."""
-    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=PlanOptions(sfb=False))
+    """With patience p the tree converges when its best, found at iteration i, has not
+    been beaten for max(p, i) iterations, an iteration its step bound ruled out counting a
+    quarter; the refinement then moves the best one op group at a time and stops by the
+    same rule, its window restarted where it starts and at each move 0.1% faster, and
+    holding at least one iteration per op group; the same seed under an iteration cap it
+    does not reach stops at the same place (bounded by time alone, a search weighs its
+    step bounds by their time, which differs from run to run)."""
+    options = PlanOptions(sfb=False, max_groups=8)
+    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options)
 
     def search() -> StrategySearch:
         return planner._search(0)
 
     watched = search()
     ruled_out: list[bool] = []  # per iteration
+    best_s: list[float] = []
     meet = watched._meet
     watched._meet = lambda key, scored: (ruled_out.append(scored.bounded), meet(key, scored))
-    converged = watched.run(budget_s=600, iterations=10_000, patience=8)
+    converged = watched.run(
+        budget_s=600,
+        iterations=10_000,
+        patience=8,
+        progress=lambda p: best_s.append(p.best_step_time_s),
+    )
     assert converged.stop_reason == "converged" and converged.iterations < 10_000
     assert any(ruled_out) and not all(ruled_out)
     again = search().run(budget_s=600, iterations=10_000, patience=8)
     assert again.actions == converged.actions and again.iterations == converged.iterations
-    # the best was found at iteration i, and the search went max(8, i) further, counted
-    # in iterations simulated and quarters of iterations ruled out
-    for found_at in range(1, converged.iterations + 1):
-        head = search().run(iterations=found_at, budget_s=600)
-        if head.actions == converged.actions and head.step_time_s == converged.step_time_s:
-            break
     counted = [0.25 if out else 1.0 for out in ruled_out]
-    assert len(counted) == converged.iterations
+    assert len(counted) == len(best_s) == converged.iterations
+    # the tree: its best found at iteration i, it went max(8, i) further
+    tree = converged.iterations - converged.refined
+    found_at = _last_improvement(best_s, tree, 1e-6)
     window = max(8, sum(counted[:found_at]))
-    assert sum(counted[found_at:]) >= window > sum(counted[found_at:-1])
+    assert sum(counted[found_at:tree]) >= window > sum(counted[found_at : tree - 1])
+    # the refinement, from the tree's best: its window starts at its start, restarts at
+    # each move 0.1% faster, and holds at least one move of every op group
+    groups = watched.grouping.num_groups
+    assert converged.refined >= groups
+    improved_at = max(tree, _last_improvement(best_s, converged.iterations, 1e-3))
+    window = max(8, sum(counted[:improved_at]), groups)
+    assert sum(counted[improved_at:]) >= window > sum(counted[improved_at:-1])
+    assert converged.step_time_s == best_s[-1] < best_s[tree - 1]  # it found a better one
     longer = search().run(iterations=converged.iterations + 40, budget_s=600)
     assert longer.stop_reason == "iterations"
-    assert longer.step_time_s <= converged.step_time_s
 
 
 def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:

@@ -4,6 +4,7 @@ the baselines, infeasible inputs, and proof by execution of the returned plan.""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 
@@ -255,15 +256,19 @@ def test_where_only_a_pipeline_fits_the_plan_is_pipelined() -> None:
     """VGG19 on four GPUs of 3.8 GiB: data parallelism holds every weight and its Adam
     slots on each GPU, model parallelism a whole batch of the first convolutions'
     activations; 1F1B over four stages holds a quarter of the weights and four
-    micro-batches of activations. Without pipelines nothing fits."""
+    micro-batches of activations. Without pipelines, what fits at all is a mix of
+    decisions the refinement of the search reaches, several times slower."""
     ir = zoo_ir("vgg19")
     cluster = gpus("T4", 4, 1, memory_gib=3.8, network_gbps=10)
-    with pytest.raises(Infeasible):
-        plan(ir, cluster, options=PlanOptions(budget_s=60, pipeline=False))
+    try:
+        flat_s = plan(ir, cluster, options=PlanOptions(budget_s=60, pipeline=False)).step_time_s
+    except Infeasible:
+        flat_s = math.inf
     result = plan(ir, cluster, options=PlanOptions(budget_s=60))
     assert result.chosen_from == "search"
     assert not result.evaluation.result.oom
     assert result.strategy.pipeline is not None and len(result.strategy.pipeline.stages) >= 2
+    assert result.step_time_s * 2 < flat_s
     assert (
         result.baselines["pipeline"] is None or result.step_time_s <= result.baselines["pipeline"]
     )

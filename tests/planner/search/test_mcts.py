@@ -3,6 +3,7 @@ cancellation, root-parallel merge and the repair of plans that do not fit."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -150,6 +151,81 @@ def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
     # bound lends its parent's or the best strategy's
     assert outcome.bounded > 0
     assert all(q.feedback is not None for q in seen[1:])
+
+
+def test_the_refinement_moves_one_op_group_round_the_groups_in_the_priors_order() -> None:
+    """From an incumbent, every move changes one op group's action: first each group's
+    first-ranked action (groups in the tree's decision order), then each one's second;
+    the prior ranks each group's actions at the incumbent, decided up to that group's
+    level, with the incumbent's feedback; strategies already known are left out."""
+    asked: list[PriorQuery] = []
+
+    class LastFirst:  # ranks the candidate generator's last action first
+        name = "last-first"
+
+        def probabilities(self, query: PriorQuery) -> np.ndarray:
+            asked.append(query)
+            weights = np.arange(1.0, len(query.actions) + 1)
+            return weights / weights.sum()
+
+    search = make_search("mlp", load_cluster("testbed"), prior=LastFirst())
+    incumbent = search.complete([0])
+    scored = search.score(incumbent)
+    known = list(incumbent)
+    known[int(search.order[1])] = len(search.space) - 1  # a move the search has met
+    search.score(tuple(known))
+    groups, actions = search.grouping.num_groups, len(search.space)
+    moves = list(search._moves(lambda: incumbent))
+    assert len(moves) == groups * (actions - 1) - 1
+    changed = [np.flatnonzero(np.array(m) != np.array(incumbent)) for m in moves]
+    assert all(len(c) == 1 for c in changed)
+    first_round = [
+        (int(c[0]), m[int(c[0])])
+        for c, m in zip(changed[: groups - 1], moves[: groups - 1], strict=True)
+    ]
+    expected = [int(g) for g in search.order if g != search.order[1]]
+    assert first_round == [(g, actions - 1) for g in expected]
+    assert [q.level for q in asked] == list(range(groups))
+    assert all(q.decided == tuple(incumbent[g] for g in search.order[: q.level]) for q in asked)
+    assert all(q.feedback is scored.feedback for q in asked)
+
+
+def test_the_refinement_moves_from_the_incumbent_as_it_changes() -> None:
+    search = make_search("mlp", load_cluster("testbed"))
+    current = [search.complete([0])]
+    search.score(current[0])
+    moves = search._moves(lambda: current[0])
+    first = next(moves)
+    search.score(first)
+    current[0] = first  # the move was kept
+    for move in itertools.islice(moves, 50):
+        assert np.count_nonzero(np.array(move) != np.array(first)) == 1
+
+
+def test_the_refinement_ends_at_a_strategy_no_single_move_improves() -> None:
+    """Given a window longer than every move of the answer, the search ends where no
+    single-group move steps faster: each was simulated no faster or ruled out."""
+    ir = zoo_ir("mlp")
+    cluster = load_cluster("testbed")
+    evaluator = Evaluator(ir, cluster)
+    reference = baseline_strategy("dp-nccl", ir, cluster, evaluator.costs)
+    catalog = OpCostModel.for_gpu_types(ir)
+    times = catalog.op_times(catalog.type_of("V100-32GB"), ir.batch_size).seconds
+    search = StrategySearch(
+        evaluator,
+        group_ops(ir, times, max_groups=4),
+        ActionSpace(ir, cluster, evaluator.costs, max_actions=12),
+        reference_step_s=evaluator.evaluate(reference).step_time_s,
+    )
+    outcome = search.run(iterations=20_000, budget_s=600, patience=100)
+    assert outcome.stop_reason == "converged" and outcome.refined > 0
+    best = outcome.actions
+    for group in range(search.grouping.num_groups):
+        for action in range(len(search.space)):
+            move = (*best[:group], action, *best[group + 1 :])
+            scored = search._scored(move)
+            assert scored is not None
+            assert scored.bounded or scored.oom or scored.step_time_s >= outcome.step_time_s
 
 
 def test_visit_targets_are_the_visit_distributions_of_well_visited_vertices() -> None:
