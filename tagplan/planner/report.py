@@ -39,7 +39,8 @@ def report_markdown(summary: dict[str, Any], title: str = "tagplan plan") -> str
         f"Predicted step: **{ms(step)} ms** (chosen from: {summary['chosen_from']}){headline}; "
         f"lower bound {ms(bound)} ms{_comm_bound_text(summary, ms)}; "
         f"planned in {summary['plan_time_s']:.1f} s over "
-        f"{summary['iterations']} search iterations (search stopped: {summary['stop_reason']}; "
+        f"{summary['iterations']} search iterations ({summary.get('refined', 0)} of them "
+        f"refining the tree's best; search stopped: {summary['stop_reason']}; "
         f"prior: {summary.get('prior', 'uniform')}).",
         *(
             f"- {name}: {p['status']} ({p['note']})"
