@@ -604,20 +604,23 @@ class StrategySearch:
         (ties in the candidate generator's order); the moves go round the op groups in the
         tree's decision order, each one's first-ranked action, then each one's second, and
         so on (so the small op groups at the end of the order are tried early), strategies
-        already known left out. It ends once every move of the incumbent has been tried
-        without it changing."""
+        already known left out. The rankings are taken again at the start of the round
+        after a move was kept (a GNN prior costs milliseconds a group). It ends once
+        every move of the incumbent has been tried without it changing."""
         groups = self.grouping.num_groups
         moves = groups * len(self.space)
-        current, since = incumbent(), 0
+        current, since, stale = incumbent(), 0, False
         rankings: dict[int, list[int]] = {}
         for position in itertools.count():
             if incumbent() != current:  # a move was kept: every move is new again
-                current, since = incumbent(), 0
+                current, since, stale = incumbent(), 0, True
+            rank, level = divmod(position % moves, groups)
+            if stale and level == 0:  # ranked again once per round, not at every move kept
                 rankings.clear()
+                since, stale = 0, False
             if since == moves:
                 return
             since += 1
-            rank, level = divmod(position % moves, groups)
             if level not in rankings:
                 rankings[level] = self._move_order(current, level).tolist()
             group = int(self.order[level])
