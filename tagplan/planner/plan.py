@@ -119,6 +119,7 @@ from tagplan.planner.search.prior import Prior, UniformPrior
 from tagplan.planner.search.sfb import SfbDecision, apply_sfb
 from tagplan.planner.search.warm_start import start_actions
 from tagplan.planner.strategy import Strategy, load_strategy
+from tagplan.planner.strategy_remap import pin_numbering
 from tagplan.planner.topology import Cluster
 
 __all__ = [
@@ -825,6 +826,7 @@ class Planner:
             )
         _, _, _, chosen_from, sfb_decisions, evaluation = min(finals, key=lambda f: f[:3])
         strategy = evaluation.strategy
+        answer = pin_numbering(evaluation.resolved, self.ir, self.cluster)
         if evaluation.compiled.symmetry is not None:  # every GPU's timeline, same step
             if self.deadline.left_s() > self._per_gpu_steps_s(reserve_graphdef):
                 evaluation = self.evaluator.evaluate(strategy, by_class=False)
@@ -870,7 +872,7 @@ class Planner:
         self.phases.leave()
         baselines = {name: None if b.oom else b.step_time_s for name, b in self.baselines.items()}
         return PlanResult(
-            strategy=strategy,
+            strategy=answer,
             evaluation=evaluation,
             baselines=baselines,
             lower_bound_s=self.lower_bound_s(),

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from tagplan.planner.errors import InvalidInput
-from tagplan.planner.strategy import GroupDecision, Strategy, load_strategy
+from tagplan.planner.graph.ir import GraphIR
+from tagplan.planner.strategy import (
+    GroupDecision,
+    Option,
+    ResolvedStrategy,
+    Strategy,
+    load_strategy,
+)
 from tagplan.planner.topology import CanonicalOrder, Cluster
 
 __all__ = [
@@ -31,6 +38,7 @@ __all__ = [
     "DEVICE_FREE_STRATEGY_FIELDS",
     "ClusterMapping",
     "Renumbering",
+    "pin_numbering",
     "remap_strategy",
 ]
 
@@ -120,6 +128,36 @@ def remap_strategy(
     ]
     default = None if strategy.default is None else _remap_decision(strategy.default, to)
     return strategy.model_copy(update={"groups": groups, "default": default})
+
+
+def pin_numbering(resolved: ResolvedStrategy, ir: GraphIR, cluster: Cluster) -> Strategy:
+    """``resolved``'s strategy with what the cluster's numbering decided for it written
+    out: every model-parallel op's device (the default split runs over a group's GPUs in
+    their numbering) and every parameter server left to the round-robin. The same
+    strategy on the same cluster, and, once remapped, the same one on a renumbered
+    cluster: without it a model-parallel group over several machines splits along
+    another machine order there and steps differently."""
+    names = cluster.device_names
+    decisions = [group.decision for group in resolved.strategy.groups]
+    if resolved.strategy.default is not None:
+        decisions.append(resolved.strategy.default)  # its index: len(groups)
+    pinned: list[GroupDecision] = []
+    for group, decision in enumerate(decisions):
+        update: dict[str, Any] = {}
+        if decision.option == Option.MODEL_PARALLEL:
+            ops = np.flatnonzero(resolved.op_group == group)
+            update["placement"] = {
+                ir.op_names[op]: str(names[resolved.op_device[op]]) for op in ops.tolist()
+            }
+        if decision.option == Option.REPLICATE_PS and decision.ps_device is None:
+            update["ps_device"] = str(names[resolved.group_ps_device[group]])
+        pinned.append(decision.model_copy(update=update) if update else decision)
+    groups = [
+        group.model_copy(update={"decision": decision})
+        for group, decision in zip(resolved.strategy.groups, pinned, strict=False)
+    ]
+    default = pinned[-1] if resolved.strategy.default is not None else None
+    return resolved.strategy.model_copy(update={"groups": groups, "default": default})
 
 
 class ClusterMapping:

@@ -3,17 +3,25 @@ new field of the strategy models has to say whether it names one."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tagplan.planner.errors import InvalidInput
+from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Pipeline, Schedule, Strategy
 from tagplan.planner.strategy_remap import (
     DECISION_REMAPS,
     DEVICE_FREE_DECISION_FIELDS,
     DEVICE_FREE_GROUP_FIELDS,
     DEVICE_FREE_STRATEGY_FIELDS,
+    ClusterMapping,
+    pin_numbering,
     remap_strategy,
 )
+from tagplan.planner.topology import Cluster, dumps_cluster_spec, load_cluster
+from tagplan.planner.topology.canonical import canonical_order
+from tests.planner.zoo_graphs import zoo_ir
 
 GROUPS = [2, 0, 1]  # source group g is target group GROUPS[g]
 DEVICES = {"a": "x", "b": "y", "c": "z"}
@@ -99,3 +107,53 @@ def test_a_pipeline_keeps_its_stages_and_its_groups_get_their_new_gpus() -> None
     assert remapped.pipeline == pipeline
     assert remapped.groups[0].decision.device_groups == [2]
     assert remapped.default.device_groups == [0]
+
+
+def _reversed_testbed() -> tuple[Cluster, Cluster, ClusterMapping]:
+    """The testbed and itself with machines listed in reverse and renamed."""
+    source = load_cluster("testbed")
+    spec = json.loads(dumps_cluster_spec(source, fmt="json"))
+    machines = list(reversed(spec["machines"]))
+    for i, machine in enumerate(machines):
+        machine["name"] = f"node-{i}"
+    target = load_cluster({**spec, "machines": machines})
+    mapping = ClusterMapping((source, canonical_order(source)), (target, canonical_order(target)))
+    return source, target, mapping
+
+
+def test_a_pinned_strategy_steps_alike_on_a_renumbered_cluster() -> None:
+    """A model-parallel group over every machine splits its ops along the GPUs'
+    numbering, and a parameter server left to the round-robin takes a GPU by number:
+    remapped as they are, they run differently on the testbed with its machines
+    reversed. Pinned first (every op's device, every server written out), the
+    model-parallel plan steps exactly the same there, and the parameter server over every
+    machine within 1% (the order in which its transfers queue still follows the GPUs'
+    numbers); pinning changes nothing on the strategy's own cluster."""
+    ir = zoo_ir("mlp")
+    source, target, mapping = _reversed_testbed()
+    everywhere = list(range(source.num_groups))
+    split = Strategy(
+        groups=[
+            OpGroup(
+                ops=[str(n) for n in ir.op_names[: ir.num_ops // 2]],
+                decision=GroupDecision(device_groups=everywhere, option=Option.MODEL_PARALLEL),
+            )
+        ],
+        default=GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE),
+    )
+    served = Strategy(default=GroupDecision(device_groups=everywhere, option=Option.REPLICATE_PS))
+    on_source, on_target = Evaluator(ir, source), Evaluator(ir, target)
+    for strategy, tolerance in ((split, 1e-9), (served, 0.01)):
+        evaluation = on_source.evaluate(strategy)
+        step_s = evaluation.step_time_s
+        pinned = pin_numbering(evaluation.resolved, ir, source)
+        assert on_source.evaluate(pinned).step_time_s == step_s
+        unpinned_s = on_target.evaluate(mapping.remap(strategy)).step_time_s
+        assert abs(unpinned_s / step_s - 1) > 0.1
+        pinned_s = on_target.evaluate(mapping.remap(pinned)).step_time_s
+        assert pinned_s == pytest.approx(step_s, rel=tolerance)
+    assert split.groups[0].decision.placement is None
+    assert (
+        pin_numbering(on_source.evaluate(split).resolved, ir, source).groups[0].decision.placement
+    )
+    assert pin_numbering(on_source.evaluate(served).resolved, ir, source).default.ps_device
