@@ -138,11 +138,8 @@ def pin_numbering(resolved: ResolvedStrategy, ir: GraphIR, cluster: Cluster) -> 
     cluster: without it a model-parallel group over several machines splits along
     another machine order there and steps differently."""
     names = cluster.device_names
-    decisions = [group.decision for group in resolved.strategy.groups]
-    if resolved.strategy.default is not None:
-        decisions.append(resolved.strategy.default)  # its index: len(groups)
     pinned: list[GroupDecision] = []
-    for group, decision in enumerate(decisions):
+    for group, decision in enumerate(resolved.group_decisions):  # the default's last
         update: dict[str, Any] = {}
         if decision.option == Option.MODEL_PARALLEL:
             ops = np.flatnonzero(resolved.op_group == group)
@@ -152,12 +149,14 @@ def pin_numbering(resolved: ResolvedStrategy, ir: GraphIR, cluster: Cluster) -> 
         if decision.option == Option.REPLICATE_PS and decision.ps_device is None:
             update["ps_device"] = str(names[resolved.group_ps_device[group]])
         pinned.append(decision.model_copy(update=update) if update else decision)
+    strategy = resolved.strategy
     groups = [
         group.model_copy(update={"decision": decision})
-        for group, decision in zip(resolved.strategy.groups, pinned, strict=False)
+        for group, decision in zip(strategy.groups, pinned, strict=False)
     ]
-    default = pinned[-1] if resolved.strategy.default is not None else None
-    return resolved.strategy.model_copy(update={"groups": groups, "default": default})
+    # a default that covers no op has no decision of its own to pin
+    default = pinned[-1] if len(pinned) > len(groups) else strategy.default
+    return strategy.model_copy(update={"groups": groups, "default": default})
 
 
 class ClusterMapping:

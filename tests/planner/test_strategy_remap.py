@@ -157,3 +157,23 @@ def test_a_pinned_strategy_steps_alike_on_a_renumbered_cluster() -> None:
         pin_numbering(on_source.evaluate(split).resolved, ir, source).groups[0].decision.placement
     )
     assert pin_numbering(on_source.evaluate(served).resolved, ir, source).default.ps_device
+
+
+def test_a_default_that_covers_no_op_is_left_as_it_is() -> None:
+    """Every op in a group: the default decides nothing, so there is nothing to pin."""
+    ir = zoo_ir("mlp")
+    source, _, _ = _reversed_testbed()
+    everywhere = list(range(source.num_groups))
+    strategy = Strategy(
+        groups=[
+            OpGroup(
+                ops=[str(n) for n in ir.op_names],
+                decision=GroupDecision(device_groups=everywhere, option=Option.MODEL_PARALLEL),
+            )
+        ],
+        default=GroupDecision(device_groups=everywhere, option=Option.REPLICATE_PS),
+    )
+    pinned = pin_numbering(Evaluator(ir, source).evaluate(strategy).resolved, ir, source)
+    assert pinned.default == strategy.default
+    placement = pinned.groups[0].decision.placement
+    assert placement is not None and set(placement) == {str(n) for n in ir.op_names}

@@ -83,7 +83,7 @@ same step), so a tree whose vertices all look alike spreads its visits evenly an
 reaches the deep levels, where the small op groups are decided; the best plan often
 differs from the tree's in a few of those. Traced on the wide-and-deep model over a
 4-machine cluster, the tree converged at 5.08 ms after 204 iterations and kept it through
-2,000, while moves from it reached 4.73 ms (docs/design.md §7).
+2,000, while moves from it reached 4.75 ms (4.73 run to a local optimum; docs/design.md §7).
 
 Equal PUCT scores — every unvisited edge under a uniform prior — are broken in the
 candidate generator's order (most promising placements first) or, with
@@ -779,27 +779,18 @@ class StrategySearch:
                 improved_at = flat_done  # the refinement gets a window of its own
             path: list[tuple[_Vertex, int]] = []
             decided: list[int] = []
-            if moves is not None:
+            child: _Vertex | None = root  # a move or the start leaves the tree as it was
+            starting = start_key is not None and done == 0
+            if starting:
+                key = start_key
+                scored = self.score(key)
+            elif moves is not None:
                 key = next(moves, None)
                 if key is None:
                     stop_reason = settled
                     break
-                beat_s = self._beat_s(flat_best)
-                known = self._scored(key) or self._transposed(key)
-                if known is None and beat_s is not None:
-                    known = self._ruled_out(key, beat_s)
-                if known is None and self._would_overrun(key, deadline):
-                    break
-                scored = known or self.score(key)
-                self._meet(key, scored)
-                child = root
-                refined += 1
-            elif start_key is not None and done == 0:
-                key = start_key
-                scored = self.score(key)
-                child = root  # the incumbent: the tree is untouched
             else:
-                vertex, path, decided = root, [], []
+                vertex = root
                 hold = (
                     self.layouts is not None
                     and not root.closed[0]
@@ -817,6 +808,7 @@ class StrategySearch:
                 if self._not_worth_simulating(decided, key, deadline, best_key):
                     self._close(path)
                     continue
+            if not starting:
                 beat_s = self._beat_s(flat_best)
                 known = self._scored(key) or self._transposed(key)
                 if known is None:  # the first is bounded too, for the ratios of step to bound
@@ -827,6 +819,7 @@ class StrategySearch:
                     spent_s[is_pipelined_key(key)] += self.layouts.cost_s(key)
                 scored = known or self.score(key)
                 self._meet(key, scored)
+                refined += moves is not None
             if child is None and len(decided) < self._depth(decided):
                 feedback = scored.feedback
                 if scored.bounded:
@@ -867,9 +860,9 @@ class StrategySearch:
             converged = flat_done - improved_at >= max(patience or 0, improved_at, least)
             if patience is not None and converged:
                 if moves is not None:
-                    stop_reason = settled or "converged"
+                    stop_reason = settled
                     break
-                settled = settled or "converged"
+                settled = "converged"
         if best_key is None:
             raise BudgetExhausted("the budget allowed no search iteration")
         best = self._scores[best_key]
