@@ -72,12 +72,17 @@ each group's actions ranked by the prior at the incumbent, the moves going round
 groups (every group's first-ranked action, then every group's second, ...), a move kept
 as soon as it steps faster (first improvement), until every move of the incumbent has
 been tried (a local optimum), the budget ends, or the refinement converges as the tree
-does (its window starts afresh when it starts, holds at least as many iterations as there
-are op groups, so that each is moved once, and restarts only at a move that steps 0.1%
-faster: moves that shave microseconds off are kept but do not hold a plan to its
-budget). Each move is an iteration (counted in
-``refined`` too), scored as the tree scores a strategy: looked up, transposed, ruled out
-by its step bound, or simulated. Why:
+does, with a window of its own: it starts when the refinement starts, restarts only at
+a move that steps 0.2% faster (moves that shave microseconds off are kept but do not
+hold a plan to its budget), and holds at least half the patience and one move of every
+op group. Within the first quarter of the search's budget it is at first half the
+tree's iterations and, after a gain, grows as the tree's does (the single moves that pay
+on a cheap graph often come hundreds of moves apart); past that quarter it is only its
+least, so the refinement goes on only while moves keep paying (on a large graph a move
+costs a tenth of a second and a window as long as the tree's search doubles the plan
+time, mostly for nothing). Each
+move is an iteration (counted in ``refined`` too), scored as the tree scores a strategy:
+looked up, transposed, ruled out by its step bound, or simulated. Why:
 most op groups' actions lie on plateaus (dozens of actions give the same or nearly the
 same step), so a tree whose vertices all look alike spreads its visits evenly and seldom
 reaches the deep levels, where the small op groups are decided; the best plan often
@@ -142,7 +147,10 @@ DEFAULT_C_PUCT = 1.5
 _IMPROVEMENT = 1e-6
 # ... and restarts the refinement's window when shorter by at least this fraction: single
 # moves often shave a few microseconds off, which must not hold a plan to its budget
-_REFINEMENT_IMPROVEMENT = 1e-3
+_REFINEMENT_IMPROVEMENT = 2e-3
+# ... and its window grows as the tree's only within this share of the search's budget:
+# past it, the refinement goes on only while moves keep paying (module docstring)
+_REFINEMENT_LONG_SHARE = 0.25
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
 _REFERENCE_REWARD = 1.0  # a strategy as fast as the reference
 # what a strategy ruled out by its step bound counts for in the convergence window, against
@@ -746,13 +754,14 @@ class StrategySearch:
             )
         started = time.perf_counter()
         deadline = started + budget_s if budget_s is not None else math.inf
+        long_until = started + _REFINEMENT_LONG_SHARE * (deadline - started)
         self._timed = iterations is None  # an iteration budget gives the same search
         root = self._root = self._expand((), None)
         if self.layouts is not None:  # TAG's decisions start as a tree without layouts does
             root.children[0] = self._expand((0,), None)
         best_key: tuple[int, ...] | None = None
         first_better: int | None = None
-        done = improved_at = flat_done = 0  # flat: iterations through TAG's decisions
+        done = improved_at = flat_done = refined_from = 0  # flat: through TAG's decisions
         flat_best: tuple[int, ...] | None = None
         cut_s = 0.0 if self.layouts is None else self.layouts.cut_s
         spent_s = {True: cut_s, False: 0.0}  # estimated seconds: the pipelines', TAG's
@@ -776,7 +785,7 @@ class StrategySearch:
                     stop_reason = settled
                     break
                 moves = self._moves(lambda: flat_best)  # noqa: B023 (the incumbent as it moves)
-                improved_at = flat_done  # the refinement gets a window of its own
+                improved_at = refined_from = flat_done  # the refinement's window is its own
             path: list[tuple[_Vertex, int]] = []
             decided: list[int] = []
             child: _Vertex | None = root  # a move or the start leaves the tree as it was
@@ -855,9 +864,9 @@ class StrategySearch:
             if stop_below_s is not None and not scored.oom and scored.step_time_s < stop_below_s:
                 stop_reason = "target"
                 break
-            # the refinement's window holds at least one move of every op group
-            least = self.grouping.num_groups if moves is not None else 0
-            converged = flat_done - improved_at >= max(patience or 0, improved_at, least)
+            converged = flat_done - improved_at >= self._window(
+                patience, improved_at, None if moves is None else refined_from, long_until
+            )
             if patience is not None and converged:
                 if moves is not None:
                     stop_reason = settled
@@ -922,6 +931,25 @@ class StrategySearch:
         bars = [best.step_time_s] if not best.oom else []
         bars += [self.bar_s] if self.bar_s is not None else []
         return min(bars, default=None)
+
+    def _window(
+        self,
+        patience: int | None,
+        improved_at: float,
+        refined_from: float | None,
+        long_until: float,
+    ) -> float:
+        """The convergence window after the last improvement at ``improved_at`` (module
+        docstring): the tree's grows with it; the refinement's (from ``refined_from``)
+        holds at least half the patience and one move per op group, at first half the
+        tree's iterations, after a gain as many as before it, and past the long share of
+        the budget no more than its least."""
+        if refined_from is None:
+            return max(patience or 0, improved_at)
+        least = max((patience or 0) // 2, self.grouping.num_groups)
+        if time.perf_counter() >= long_until:
+            return least
+        return max(least, refined_from / 2 if improved_at == refined_from else improved_at)
 
     def _progress(self, done: int, best_key: tuple[int, ...], started: float) -> SearchProgress:
         best = self._scores[best_key]
