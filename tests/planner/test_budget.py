@@ -16,7 +16,7 @@ from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.plan import _FINISH_EVALUATIONS, Planner, PlanOptions, plan
-from tagplan.planner.search.mcts import StrategySearch
+from tagplan.planner.search.mcts import SearchOutcome, StrategySearch
 from tagplan.planner.topology import load_cluster
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
@@ -194,54 +194,65 @@ def _last_improvement(best_s: list[float], upto: int, by: float) -> int:
 
 def test_the_search_stops_once_it_has_converged() -> None:
     """With patience p the tree converges when its best, found at iteration i, has not
-    been beaten for max(p, i) iterations, an iteration its step bound ruled out counting a
-    quarter; the refinement then moves the best one op group at a time and stops by the
-    same rule, its window restarted where it starts and at each move 0.2% faster, and
-    holding at least half the patience and one iteration per op group (within the first
-    quarter of the budget, which this search never leaves); the same seed under an
-    iteration cap it does not
-    reach stops at the same place (bounded by time alone, a search weighs its step
-    bounds by their time, which differs from run to run)."""
+    been beaten for max(p, i) iterations, an iteration its step bound ruled out counting
+    a quarter; the refinement then moves the best one op group at a time and stops by a
+    window restarted where it starts and at each move 0.2% faster, as long as the
+    iterations before the last gain and holding at least half the patience and one
+    iteration per op group (within the first quarter of the budget, which this search
+    never leaves); the same seed under an iteration cap it does not reach stops at the
+    same place (bounded by time alone, a search weighs its step bounds by their time,
+    which differs from run to run)."""
     options = PlanOptions(sfb=False, max_groups=8)
     planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options)
 
     def search() -> StrategySearch:
         return planner._search(0)
 
-    watched = search()
-    ruled_out: list[bool] = []  # per iteration
-    best_s: list[float] = []
-    meet = watched._meet
-    watched._meet = lambda key, scored: (ruled_out.append(scored.bounded), meet(key, scored))
-    converged = watched.run(
-        budget_s=600,
-        iterations=10_000,
-        patience=8,
-        progress=lambda p: best_s.append(p.best_step_time_s),
-    )
-    assert converged.stop_reason == "converged" and converged.iterations < 10_000
-    assert any(ruled_out) and not all(ruled_out)
-    again = search().run(budget_s=600, iterations=10_000, patience=8)
+    def watched_run(patience: int) -> tuple[SearchOutcome, list[float], list[float], int]:
+        """The outcome, what each iteration counted for, the best step after each, and
+        the number of op groups."""
+        watched = search()
+        ruled_out: list[bool] = []  # per iteration
+        best_s: list[float] = []
+        meet = watched._meet
+        watched._meet = lambda key, scored: (ruled_out.append(scored.bounded), meet(key, scored))
+        outcome = watched.run(
+            budget_s=600,
+            iterations=10_000,
+            patience=patience,
+            progress=lambda p: best_s.append(p.best_step_time_s),
+        )
+        assert outcome.stop_reason == "converged" and outcome.iterations < 10_000
+        counted = [0.25 if out else 1.0 for out in ruled_out]
+        assert len(counted) == len(best_s) == outcome.iterations
+        return outcome, counted, best_s, watched.grouping.num_groups
+
+    converged, counted, best_s, groups = watched_run(16)
+    assert 0.25 in counted and 1.0 in counted
+    again = search().run(budget_s=600, iterations=10_000, patience=16)
     assert again.actions == converged.actions and again.iterations == converged.iterations
-    counted = [0.25 if out else 1.0 for out in ruled_out]
-    assert len(counted) == len(best_s) == converged.iterations
-    # the tree: its best found at iteration i, it went max(8, i) further
+    # the tree: its best found at iteration i, it went max(16, i) further
     tree = converged.iterations - converged.refined
     found_at = _last_improvement(best_s, tree, 1e-6)
-    window = max(8, sum(counted[:found_at]))
+    window = max(16, sum(counted[:found_at]))
     assert sum(counted[found_at:tree]) >= window > sum(counted[found_at : tree - 1])
-    # the refinement, from the tree's best: its window starts at its start, restarts at
-    # each move 0.2% faster, and holds at least one move of every op group; after a
-    # gain it is as long as the iterations before it
-    groups = watched.grouping.num_groups
-    assert converged.refined >= groups
+    # the refinement, from the tree's best: its window restarts at each move 0.2% faster
+    # and is then as long as the iterations before it, and at least one move of every op
+    # group and half the patience
     improved_at = _last_improvement(best_s, converged.iterations, 2e-3)
     assert improved_at > tree  # the refinement gained
-    window = max(4, sum(counted[:improved_at]), groups)
+    window = max(8, sum(counted[:improved_at]), groups)
     assert sum(counted[improved_at:]) >= window > sum(counted[improved_at:-1])
     assert converged.step_time_s == best_s[-1] < best_s[tree - 1]  # it found a better one
     longer = search().run(iterations=converged.iterations + 40, budget_s=600)
     assert longer.stop_reason == "iterations"
+    # a refinement that gains nothing 0.2% faster stops after half the tree's iterations,
+    # one move per op group or half the patience, whichever is longest
+    converged, counted, best_s, groups = watched_run(4)
+    tree = converged.iterations - converged.refined
+    assert _last_improvement(best_s, converged.iterations, 2e-3) <= tree
+    window = max(2, groups, sum(counted[:tree]) / 2)
+    assert sum(counted[tree:]) >= window > sum(counted[tree:-1])
 
 
 def test_shared_work_is_computed_once_and_handed_on_as_json() -> None:
