@@ -16,7 +16,8 @@ from tagplan.planner.budget import Deadline, PhaseReport
 from tagplan.planner.compile.graphdef import compile_graphdef
 from tagplan.planner.evaluate import Evaluator
 from tagplan.planner.plan import _FINISH_EVALUATIONS, Planner, PlanOptions, plan
-from tagplan.planner.search.mcts import SearchOutcome, StrategySearch
+from tagplan.planner.search.layout_branches import is_pipelined_key
+from tagplan.planner.search.mcts import SearchOutcome, StrategySearch, _Scored
 from tagplan.planner.topology import load_cluster
 from tests.planner.zoo_graphs import zoo_ir, zoo_source
 
@@ -202,20 +203,26 @@ def test_the_search_stops_once_it_has_converged() -> None:
     never leaves); the same seed under an iteration cap it does not reach stops at the
     same place (bounded by time alone, a search weighs its step bounds by their time,
     which differs from run to run)."""
-    options = PlanOptions(sfb=False, max_groups=8)
-    planner = Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options)
 
-    def search() -> StrategySearch:
-        return planner._search(0)
+    def search(max_groups: int = 8) -> StrategySearch:
+        options = PlanOptions(sfb=False, max_groups=max_groups)
+        return Planner(zoo_ir("mlp"), load_cluster("testbed"), options=options)._search(0)
 
-    def watched_run(patience: int) -> tuple[SearchOutcome, list[float], list[float], int]:
-        """The outcome, what each iteration counted for, the best step after each, and
-        the number of op groups."""
-        watched = search()
-        ruled_out: list[bool] = []  # per iteration
+    def watched_run(
+        patience: int, max_groups: int = 8
+    ) -> tuple[SearchOutcome, list[float], list[float], int]:
+        """The outcome, what each iteration counted for in the window, the best step
+        after each, and the number of op groups."""
+        watched = search(max_groups)
+        counted: list[float] = []  # per iteration: a pipeline's counts for nothing
         best_s: list[float] = []
         meet = watched._meet
-        watched._meet = lambda key, scored: (ruled_out.append(scored.bounded), meet(key, scored))
+
+        def count(key: tuple[int, ...], scored: _Scored) -> None:
+            counted.append(0.0 if is_pipelined_key(key) else 0.25 if scored.bounded else 1.0)
+            meet(key, scored)
+
+        watched._meet = count
         outcome = watched.run(
             budget_s=600,
             iterations=10_000,
@@ -223,7 +230,6 @@ def test_the_search_stops_once_it_has_converged() -> None:
             progress=lambda p: best_s.append(p.best_step_time_s),
         )
         assert outcome.stop_reason == "converged" and outcome.iterations < 10_000
-        counted = [0.25 if out else 1.0 for out in ruled_out]
         assert len(counted) == len(best_s) == outcome.iterations
         return outcome, counted, best_s, watched.grouping.num_groups
 
@@ -247,11 +253,13 @@ def test_the_search_stops_once_it_has_converged() -> None:
     longer = search().run(iterations=converged.iterations + 40, budget_s=600)
     assert longer.stop_reason == "iterations"
     # a refinement that gains nothing 0.2% faster stops after half the tree's iterations,
-    # one move per op group or half the patience, whichever is longest
-    converged, counted, best_s, groups = watched_run(4)
+    # one move per op group or half the patience, whichever is longest (here half the
+    # tree's iterations: a window as long as the tree's would run twice as many moves)
+    converged, counted, best_s, groups = watched_run(24, max_groups=2)
     tree = converged.iterations - converged.refined
     assert _last_improvement(best_s, converged.iterations, 2e-3) <= tree
-    window = max(2, groups, sum(counted[:tree]) / 2)
+    window = max(12, groups, sum(counted[:tree]) / 2)
+    assert window == sum(counted[:tree]) / 2
     assert sum(counted[tree:]) >= window > sum(counted[tree:-1])
 
 

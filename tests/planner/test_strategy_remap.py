@@ -4,6 +4,7 @@ new field of the strategy models has to say whether it names one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 
@@ -121,6 +122,14 @@ def _reversed_testbed() -> tuple[Cluster, Cluster, ClusterMapping]:
     return source, target, mapping
 
 
+def _model_parallel(
+    ops: Sequence[str], device_groups: list[int], default: GroupDecision
+) -> Strategy:
+    """``ops`` model-parallel over ``device_groups``, the rest following ``default``."""
+    decision = GroupDecision(device_groups=device_groups, option=Option.MODEL_PARALLEL)
+    return Strategy(groups=[OpGroup(ops=[str(n) for n in ops], decision=decision)], default=default)
+
+
 def test_a_pinned_strategy_steps_alike_on_a_renumbered_cluster() -> None:
     """A model-parallel group over every machine splits its ops along the GPUs'
     numbering, and a parameter server left to the round-robin takes a GPU by number:
@@ -132,14 +141,10 @@ def test_a_pinned_strategy_steps_alike_on_a_renumbered_cluster() -> None:
     ir = zoo_ir("mlp")
     source, target, mapping = _reversed_testbed()
     everywhere = list(range(source.num_groups))
-    split = Strategy(
-        groups=[
-            OpGroup(
-                ops=[str(n) for n in ir.op_names[: ir.num_ops // 2]],
-                decision=GroupDecision(device_groups=everywhere, option=Option.MODEL_PARALLEL),
-            )
-        ],
-        default=GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE),
+    split = _model_parallel(
+        ir.op_names[: ir.num_ops // 2],
+        everywhere,
+        GroupDecision(device_groups=[0], option=Option.REPLICATE_ALLREDUCE),
     )
     served = Strategy(default=GroupDecision(device_groups=everywhere, option=Option.REPLICATE_PS))
     on_source, on_target = Evaluator(ir, source), Evaluator(ir, target)
@@ -164,14 +169,8 @@ def test_a_default_that_covers_no_op_is_left_as_it_is() -> None:
     ir = zoo_ir("mlp")
     source, _, _ = _reversed_testbed()
     everywhere = list(range(source.num_groups))
-    strategy = Strategy(
-        groups=[
-            OpGroup(
-                ops=[str(n) for n in ir.op_names],
-                decision=GroupDecision(device_groups=everywhere, option=Option.MODEL_PARALLEL),
-            )
-        ],
-        default=GroupDecision(device_groups=everywhere, option=Option.REPLICATE_PS),
+    strategy = _model_parallel(
+        ir.op_names, everywhere, GroupDecision(device_groups=everywhere, option=Option.REPLICATE_PS)
     )
     pinned = pin_numbering(Evaluator(ir, source).evaluate(strategy).resolved, ir, source)
     assert pinned.default == strategy.default

@@ -80,9 +80,9 @@ tree's iterations and, after a gain, grows as the tree's does (the single moves 
 on a cheap graph often come hundreds of moves apart); past that quarter it is only its
 least, so the refinement goes on only while moves keep paying (on a large graph a move
 costs a tenth of a second and a window as long as the tree's search doubles the plan
-time, mostly for nothing). Each
-move is an iteration (counted in ``refined`` too), scored as the tree scores a strategy:
-looked up, transposed, ruled out by its step bound, or simulated. Why:
+time, mostly for nothing). Each move is an iteration (counted in ``refined`` too),
+scored as the tree scores a strategy: looked up, transposed, ruled out by its step
+bound, or simulated. Why:
 most op groups' actions lie on plateaus (dozens of actions give the same or nearly the
 same step), so a tree whose vertices all look alike spreads its visits evenly and seldom
 reaches the deep levels, where the small op groups are decided; the best plan often
