@@ -69,18 +69,19 @@ every strategy of its tree. The outcome's ``stop_reason`` says which rule ended 
 Once the tree has converged or is exhausted, the search **refines** its best strategy of
 TAG's decisions by single-group moves: the incumbent with one op group's action changed,
 each group's actions ranked by the prior at the incumbent, the moves going round the op
-groups (every group's first-ranked action, then every group's second, ...), a move kept
+groups (every group's first-ranked action, then every group's second, ..., the groups
+with the most parameter bytes first: their actions move the most traffic), a move kept
 as soon as it steps faster (first improvement), until every move of the incumbent has
 been tried (a local optimum), the budget ends, or the refinement converges as the tree
 does, with a window of its own: it starts when the refinement starts, restarts only at
 a move that steps 0.2% faster (moves that shave microseconds off are kept but do not
-hold a plan to its budget), and holds at least half the patience and one move of every
-op group. Within the first quarter of the search's budget it is at first half the
-tree's iterations and, after a gain, grows as the tree's does (the single moves that pay
-on a cheap graph often come hundreds of moves apart); past that quarter it is only its
-least, so the refinement goes on only while moves keep paying (on a large graph a move
-costs a tenth of a second and a window as long as the tree's search doubles the plan
-time, mostly for nothing). Each move is an iteration (counted in ``refined`` too),
+hold a plan to its budget), and holds at least half the patience. Within the first
+quarter of the search's budget it is at first half the tree's iterations and, after a
+gain, grows as the tree's does (the single moves that pay on a cheap graph often come
+hundreds of moves apart), but holds no more moves than fit in a tenth of the budget at
+their mean time (on a large graph a move costs a tenth of a second and a window as long
+as the tree's search doubles the plan time, mostly for nothing); past that quarter it
+is only its least, so the refinement goes on only while moves keep paying. Each move is an iteration (counted in ``refined`` too),
 scored as the tree scores a strategy: looked up, transposed, ruled out by its step
 bound, or simulated. Why:
 most op groups' actions lie on plateaus (dozens of actions give the same or nearly the
@@ -151,6 +152,10 @@ _REFINEMENT_IMPROVEMENT = 2e-3
 # ... and its window grows as the tree's only within this share of the search's budget:
 # past it, the refinement goes on only while moves keep paying (module docstring)
 _REFINEMENT_LONG_SHARE = 0.25
+# ... and no longer than the moves that fit in this share of the budget at the refinement's
+# mean move time: a long window of moves that cost a tenth of a second each would double a
+# plan's time, where the same window of millisecond moves costs a fraction of a second
+_REFINEMENT_WINDOW_SHARE = 0.1
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
 _REFERENCE_REWARD = 1.0  # a strategy as fast as the reference
 # what a strategy ruled out by its step bound counts for in the convergence window, against
@@ -609,21 +614,24 @@ class StrategySearch:
     def _moves(self, incumbent: Callable[[], tuple[int, ...]]) -> Iterator[tuple[int, ...]]:
         """The refinement's strategies (module docstring): the incumbent with one op group's
         action changed. Each op group ranks its actions as the prior sees the incumbent
-        (ties in the candidate generator's order); the moves go round the op groups in the
-        tree's decision order, each one's first-ranked action, then each one's second, and
-        so on (so the small op groups at the end of the order are tried early), strategies
-        already known left out. The rankings are taken again at the start of the round
+        (ties in the candidate generator's order); the moves go round the op groups, the
+        most parameter bytes first (ties in the tree's decision order), each one's
+        first-ranked action, then each one's second, and so on, strategies already known
+        left out. The rankings are taken again at the start of the round
         after a move was kept (a GNN prior costs milliseconds a group). It ends once
         every move of the incumbent has been tried without it changing."""
         groups = self.grouping.num_groups
         moves = groups * len(self.space)
+        params = self.grouping.group_param_bytes[self.order]
+        levels = np.lexsort((np.arange(groups), -params)).tolist()  # most parameters first
         current, since, stale = incumbent(), 0, False
         rankings: dict[int, list[int]] = {}
         for position in itertools.count():
             if incumbent() != current:  # a move was kept: every move is new again
                 current, since, stale = incumbent(), 0, True
-            rank, level = divmod(position % moves, groups)
-            if stale and level == 0:  # ranked again once per round, not at every move kept
+            rank, turn = divmod(position % moves, groups)
+            level = levels[turn]
+            if stale and turn == 0:  # ranked again once per round, not at every move kept
                 rankings.clear()
                 since, stale = 0, False
             if since == moves:
@@ -770,6 +778,7 @@ class StrategySearch:
         moves: Iterator[tuple[int, ...]] | None = None  # the refinement, once it starts
         settled: str | None = None  # why the tree stopped: the refinement then starts
         refined = 0
+        refine_started = math.inf
         while True:
             if iterations is not None and done >= iterations:
                 stop_reason = "iterations"
@@ -786,6 +795,7 @@ class StrategySearch:
                     break
                 moves = self._moves(lambda: flat_best)  # noqa: B023 (the incumbent as it moves)
                 improved_at = refined_from = flat_done  # the refinement's window is its own
+                refine_started = time.perf_counter()
             path: list[tuple[_Vertex, int]] = []
             decided: list[int] = []
             child: _Vertex | None = root  # a move or the start leaves the tree as it was
@@ -865,7 +875,11 @@ class StrategySearch:
                 stop_reason = "target"
                 break
             converged = flat_done - improved_at >= self._window(
-                patience, improved_at, None if moves is None else refined_from, long_until
+                patience,
+                improved_at,
+                None if moves is None else refined_from,
+                long_until,
+                self._moves_fit(deadline - started, refine_started, refined),
             )
             if patience is not None and converged:
                 if moves is not None:
@@ -938,18 +952,29 @@ class StrategySearch:
         improved_at: float,
         refined_from: float | None,
         long_until: float,
+        moves_fit: float,
     ) -> float:
         """The convergence window after the last improvement at ``improved_at`` (module
         docstring): the tree's grows with it; the refinement's (from ``refined_from``)
-        holds at least half the patience and one move per op group, at first half the
-        tree's iterations, after a gain as many as before it, and past the long share of
-        the budget no more than its least."""
+        holds at least half the patience, at first half the tree's iterations, after a
+        gain as many as before it, but no more than ``moves_fit``, and past the long share
+        of the budget no more than its least."""
         if refined_from is None:
             return max(patience or 0, improved_at)
-        least = max((patience or 0) // 2, self.grouping.num_groups)
+        least = max((patience or 0) // 2, 1)
         if time.perf_counter() >= long_until:
             return least
-        return max(least, refined_from / 2 if improved_at == refined_from else improved_at)
+        long = refined_from / 2 if improved_at == refined_from else improved_at
+        return max(least, min(long, moves_fit))
+
+    def _moves_fit(self, budget_s: float, refine_started: float, refined: int) -> float:
+        """How many refinement moves fit in its window's share of ``budget_s`` at the mean
+        time of its moves so far (before the first, of the tree's simulations)."""
+        if refined:
+            move_s = (time.perf_counter() - refine_started) / refined
+        else:
+            move_s = self._simulation_s / self._simulations if self._simulations else 0.0
+        return _REFINEMENT_WINDOW_SHARE * budget_s / move_s if move_s > 0 else math.inf
 
     def _progress(self, done: int, best_key: tuple[int, ...], started: float) -> SearchProgress:
         best = self._scores[best_key]

@@ -155,9 +155,10 @@ def test_the_prior_is_asked_once_per_expanded_vertex_with_progress() -> None:
 
 def test_the_refinement_moves_one_op_group_round_the_groups_in_the_priors_order() -> None:
     """From an incumbent, every move changes one op group's action: first each group's
-    first-ranked action (groups in the tree's decision order), then each one's second;
-    the prior ranks each group's actions at the incumbent, decided up to that group's
-    level, with the incumbent's feedback; strategies already known are left out."""
+    first-ranked action (groups by descending parameter bytes, ties in the tree's decision
+    order), then each one's second; the prior ranks each group's actions at the
+    incumbent, decided up to that group's level, with the incumbent's feedback;
+    strategies already known are left out."""
     asked: list[PriorQuery] = []
 
     class LastFirst:  # ranks the candidate generator's last action first
@@ -183,11 +184,36 @@ def test_the_refinement_moves_one_op_group_round_the_groups_in_the_priors_order(
         (int(c[0]), m[int(c[0])])
         for c, m in zip(changed[: groups - 1], moves[: groups - 1], strict=True)
     ]
-    expected = [int(g) for g in search.order if g != search.order[1]]
+    params = search.grouping.group_param_bytes
+    by_params = sorted(range(groups), key=lambda level: (-params[search.order[level]], level))
+    assert len(set(params.tolist())) > 2  # the order is not the tree's
+    assert by_params != list(range(groups))
+    expected = [int(search.order[level]) for level in by_params if level != 1]
     assert first_round == [(g, actions - 1) for g in expected]
-    assert [q.level for q in asked] == list(range(groups))
+    assert [q.level for q in asked] == by_params
     assert all(q.decided == tuple(incumbent[g] for g in search.order[: q.level]) for q in asked)
     assert all(q.feedback is scored.feedback for q in asked)
+
+
+def test_the_refinements_window_holds_no_more_moves_than_fit_in_a_tenth_of_the_budget() -> None:
+    """Within the long share of the budget, the refinement's window after a gain is as
+    long as the iterations before it, but no longer than the moves that fit in a tenth of
+    the budget at their mean time (before the first move, the tree's mean simulation),
+    and never shorter than half the patience; past the long share it is that least."""
+    search = make_search("mlp", load_cluster("testbed"))
+    search._simulation_s, search._simulations = 2.0, 10  # 0.2 s a simulation
+    assert search._moves_fit(60.0, math.inf, 0) == pytest.approx(30.0)  # 6 s of 0.2 s
+    assert search._moves_fit(math.inf, math.inf, 0) == math.inf  # no time budget
+    started = time.perf_counter() - 1.0  # 4 moves took a second
+    assert 0.1 * 60.0 / search._moves_fit(60.0, started, 4) == pytest.approx(0.25, rel=0.05)
+    later = time.perf_counter() + 3600
+    # after a gain at counted iteration 200, of a refinement that started at 120
+    assert search._window(64, 200, 120, later, moves_fit=math.inf) == 200
+    assert search._window(64, 200, 120, later, moves_fit=50.0) == 50.0
+    assert search._window(64, 200, 120, later, moves_fit=10.0) == 32  # half the patience
+    assert search._window(64, 120, 120, later, moves_fit=math.inf) == 60  # no gain yet
+    assert search._window(64, 200, 120, time.perf_counter(), moves_fit=math.inf) == 32
+    assert search._window(64, 200, None, later, moves_fit=10.0) == 200  # the tree's
 
 
 def test_the_refinement_moves_from_the_incumbent_as_it_changes() -> None:
