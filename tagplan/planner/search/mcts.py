@@ -81,9 +81,9 @@ gain, grows as the tree's does (the single moves that pay on a cheap graph often
 hundreds of moves apart), but holds no more moves than fit in a tenth of the budget at
 their mean time (on a large graph a move costs a tenth of a second and a window as long
 as the tree's search doubles the plan time, mostly for nothing); past that quarter it
-is only its least, so the refinement goes on only while moves keep paying. Each move is an iteration (counted in ``refined`` too),
-scored as the tree scores a strategy: looked up, transposed, ruled out by its step
-bound, or simulated. Why:
+is only its least, so the refinement goes on only while moves keep paying. Each move is
+an iteration (counted in ``refined`` too), scored as the tree scores a strategy: looked
+up, transposed, ruled out by its step bound, or simulated. Why:
 most op groups' actions lie on plateaus (dozens of actions give the same or nearly the
 same step), so a tree whose vertices all look alike spreads its visits evenly and seldom
 reaches the deep levels, where the small op groups are decided; the best plan often
@@ -874,13 +874,12 @@ class StrategySearch:
             if stop_below_s is not None and not scored.oom and scored.step_time_s < stop_below_s:
                 stop_reason = "target"
                 break
-            converged = flat_done - improved_at >= self._window(
-                patience,
-                improved_at,
-                None if moves is None else refined_from,
-                long_until,
-                self._moves_fit(deadline - started, refine_started, refined),
-            )
+            if moves is None:
+                window = self._window(patience, improved_at, None, long_until, math.inf)
+            else:
+                fit = self._moves_fit(deadline - started, refine_started, refined)
+                window = self._window(patience, improved_at, refined_from, long_until, fit)
+            converged = flat_done - improved_at >= window
             if patience is not None and converged:
                 if moves is not None:
                     stop_reason = settled
