@@ -23,7 +23,8 @@ synchronizing (objective 0, nothing duplicated) and the ILP is not built: most g
 of convolutional networks (a filter gradient is slow to compute and small to send).
 
 :func:`apply_sfb` runs the ILP for every gradient a strategy synchronizes and keeps the
-answers only when the simulator confirms the step is no slower.
+answers the simulator confirms: all of them when the step is no slower with all, else
+those that make it faster one at a time.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from tagplan.planner.strategy import Mode, Option, Strategy
 from tagplan.planner.topology import Cluster
 
 __all__ = ["SfbApplied", "SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
+
+_SFB_PATIENCE = 4  # proposals in a row that simulate slower before the rest are left
 
 
 @dataclass(frozen=True)
@@ -323,8 +326,9 @@ def apply_sfb(
 
     The ILP prices communication in isolation, so the result is confirmed with the
     simulator: if the strategy with every chosen subgraph duplicated simulates slower
-    than without SFB (or runs out of memory where the other fits), SFB is dropped as a
-    whole and the strategy comes back without it. Any ``sfb`` the strategy already has
+    than without SFB (or runs out of memory where the other fits), the subgraphs are
+    taken one at a time instead (:func:`_one_by_one`) and only those that make the step
+    faster are kept. Any ``sfb`` the strategy already has
     is decided afresh, so applying this twice gives the same strategy. ``evaluator``
     simulates them (one of this graph and cluster: a planner's, whose compiler already
     holds most of the strategy's parts); a new one with ``costs`` and ``comm`` otherwise.
@@ -367,12 +371,49 @@ def apply_sfb(
     chosen = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
     if not chosen:
         return SfbApplied(plain, decisions)
-    with_sfb = plain.model_copy(update={"sfb": chosen})
     if evaluator is None:
         evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
     before = evaluator.evaluate(plain)
-    after = evaluator.evaluate(with_sfb)
-    if (after.result.oom and not before.result.oom) or after.step_time_s > before.step_time_s:
-        return SfbApplied(plain, decisions, before)
-    applied = [replace(d, applied=bool(d.duplicate_ops)) for d in decisions]
-    return SfbApplied(with_sfb, applied, after)
+    kept = evaluator.evaluate(plain.model_copy(update={"sfb": chosen}))
+    if not (_fits_as_well(kept, before) and kept.step_time_s <= before.step_time_s):
+        proposals = sorted((d for d in decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
+        ends_at = started + time_budget_s if time_budget_s is not None else float("inf")
+        chosen, kept = _one_by_one(plain, proposals, before, evaluator, ends_at)
+    applied = [replace(d, applied=d.parameter in chosen) for d in decisions]
+    return SfbApplied(kept.strategy, applied, kept)
+
+
+def _fits_as_well(after: Evaluation, before: Evaluation) -> bool:
+    """Whether ``after`` fits in memory wherever ``before`` does."""
+    return not after.result.oom or before.result.oom
+
+
+def _one_by_one(
+    plain: Strategy,
+    proposals: list[SfbDecision],
+    before: Evaluation,
+    evaluator: Evaluator,
+    ends_at: float,
+) -> tuple[dict[str, list[str]], Evaluation]:
+    """The ILP's proposals taken one at a time, largest saving first, each kept when the
+    strategy with it simulates faster (TAG §3.2: the choice between SFB and
+    synchronization "needs to be examined for each gradient").
+
+    The other proposals together can cost more than the ILP's isolated pricing says (each
+    duplicated MatMul delays the backward pass a little), which would drop with them a
+    gain that stands alone. Stops after ``_SFB_PATIENCE`` proposals in a row simulate slower (the rest promise
+    less) or at ``ends_at`` (``time.perf_counter()``); returns the kept subgraphs and the
+    simulation of the strategy with them (``before`` when none is kept).
+    """
+    chosen: dict[str, list[str]] = {}
+    kept, rejected = before, 0
+    for decision in proposals:
+        if rejected >= _SFB_PATIENCE or time.perf_counter() > ends_at:
+            break
+        trial = {**chosen, decision.parameter: list(decision.duplicate_ops)}
+        after = evaluator.evaluate(plain.model_copy(update={"sfb": trial}))
+        if _fits_as_well(after, kept) and after.step_time_s < kept.step_time_s:
+            chosen, kept, rejected = trial, after, 0
+        else:
+            rejected += 1
+    return chosen, kept

@@ -17,7 +17,7 @@ from tagplan.planner.graph.analyzer import analyze
 from tagplan.planner.graph.ir import GraphIR
 from tagplan.planner.graph.source import load_graph_source
 from tagplan.planner.search import sfb as sfb_module
-from tagplan.planner.search.baselines import dp_nccl
+from tagplan.planner.search.baselines import baseline_strategy, dp_nccl
 from tagplan.planner.search.sfb import apply_sfb, solve_sfb
 from tagplan.planner.sim.taskgraph import COLLECTIVE
 from tagplan.planner.strategy import GroupDecision, OpGroup, Option, Strategy, resolve
@@ -244,6 +244,58 @@ class TestApplySfb:
         assert strategy.sfb == {} and not any(d.applied for d in decisions)
         assert any(d.duplicate_ops for d in decisions)  # the ILP still said yes
         assert evaluation.strategy is strategy  # the simulation it compared against
+
+
+def transformer_under_dp_ps() -> tuple[GraphIR, Evaluator, Strategy]:
+    """The zoo Transformer at batch 4 under DP-PS on two 1080 Ti at 100 Gbps: the ILP
+    proposes 99 subgraphs, and all of them together step slower than none."""
+    source = load_graph_source("zoo:transformer")
+    ir = analyze(source.graph_def, batch_size=4, batch_inputs=source.batch_inputs, loss=source.loss)
+    evaluator = Evaluator(ir, two_1080ti(100))
+    return ir, evaluator, baseline_strategy("dp-ps", ir, evaluator.cluster, evaluator.costs)
+
+
+def test_subgraphs_that_slow_the_step_together_are_kept_one_at_a_time() -> None:
+    """TAG §3.2: SFB or synchronization "needs to be examined for each gradient". Where
+    every proposal together simulates slower, those that make the step faster one at a
+    time are kept, largest ILP saving first."""
+    ir, evaluator, dp_ps = transformer_under_dp_ps()
+    applied = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
+    proposed = {d.parameter: list(d.duplicate_ops) for d in applied.decisions if d.duplicate_ops}
+    plain = evaluator.evaluate(dp_ps).step_time_s
+    every = evaluator.evaluate(dp_ps.model_copy(update={"sfb": proposed})).step_time_s
+    assert every > plain  # the premise: SFB as a whole would be dropped
+    kept = {d.parameter for d in applied.decisions if d.applied}
+    assert set(applied.strategy.sfb) == kept and 0 < len(kept) < len(proposed)
+    assert all(applied.strategy.sfb[name] == proposed[name] for name in kept)
+    fresh = Evaluator(ir, evaluator.cluster).evaluate(applied.strategy)
+    assert applied.evaluation.step_time_s == fresh.step_time_s < 0.95 * plain
+
+
+def test_one_at_a_time_stops_after_proposals_in_a_row_simulate_slower() -> None:
+    """With every SFB strategy slower, the plain strategy and all proposals together are
+    simulated, then the first ``_SFB_PATIENCE`` proposals alone, and no more."""
+    simulated: list[Strategy] = []
+
+    class Pessimist(Evaluator):
+        def evaluate(self, strategy: Strategy, **kwargs):
+            simulated.append(strategy)
+            evaluation = super().evaluate(strategy, **kwargs)
+            if strategy.sfb:
+                slower = dataclasses.replace(evaluation.result, step_time_s=1.0)
+                return dataclasses.replace(evaluation, result=slower)
+            return evaluation
+
+    ir, plain_evaluator, dp_ps = transformer_under_dp_ps()
+    evaluator = Pessimist(ir, plain_evaluator.cluster)
+    applied = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
+    proposals = sorted((d for d in applied.decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
+    assert applied.strategy.sfb == {} and not any(d.applied for d in applied.decisions)
+    assert len(proposals) > sfb_module._SFB_PATIENCE + 1
+    assert [len(s.sfb) for s in simulated] == [0, len(proposals)] + [1] * sfb_module._SFB_PATIENCE
+    assert [next(iter(s.sfb)) for s in simulated[2:]] == [
+        d.parameter for d in proposals[: sfb_module._SFB_PATIENCE]
+    ]
 
 
 def _analyzed(model: str) -> GraphIR:
