@@ -401,9 +401,10 @@ def _one_by_one(
 
     The other proposals together can cost more than the ILP's isolated pricing says (each
     duplicated MatMul delays the backward pass a little), which would drop with them a
-    gain that stands alone. Stops after ``_SFB_PATIENCE`` proposals in a row simulate slower (the rest promise
-    less) or at ``ends_at`` (``time.perf_counter()``); returns the kept subgraphs and the
-    simulation of the strategy with them (``before`` when none is kept).
+    gain that stands alone. Stops after ``_SFB_PATIENCE`` proposals in a row simulate
+    slower (the rest promise less) or at ``ends_at`` (``time.perf_counter()``); returns the
+    kept subgraphs and the simulation of the strategy with them (``before`` when none is
+    kept).
     """
     chosen: dict[str, list[str]] = {}
     kept, rejected = before, 0
