@@ -23,8 +23,8 @@ synchronizing (objective 0, nothing duplicated) and the ILP is not built: most g
 of convolutional networks (a filter gradient is slow to compute and small to send).
 
 :func:`apply_sfb` runs the ILP for every gradient a strategy synchronizes and keeps the
-answers the simulator confirms: all of them when the step is no slower with all, else
-those that make it faster one at a time.
+answers the simulator confirms: all of them, none, or those that make the step faster
+added or dropped one at a time, whichever steps fastest.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tagplan.planner.topology import Cluster
 
 __all__ = ["SfbApplied", "SfbDecision", "apply_sfb", "neighbourhood", "solve_sfb"]
 
-_SFB_PATIENCE = 4  # proposals in a row that simulate slower before the rest are left
+_SFB_PATIENCE = 4  # changes in a row not kept before a pass of _Toggle stops
 
 
 @dataclass(frozen=True)
@@ -324,12 +324,12 @@ def apply_sfb(
     GPUs; stateful ops never). Gradients are taken largest first; with
     ``time_budget_s`` the remaining ones are left synchronized once it is spent.
 
-    The ILP prices communication in isolation, so the result is confirmed with the
-    simulator: if the strategy with every chosen subgraph duplicated simulates slower
-    than without SFB (or runs out of memory where the other fits), the subgraphs are
-    taken one at a time instead (:func:`_one_by_one`) and only those that make the step
-    faster are kept. Any ``sfb`` the strategy already has
-    is decided afresh, so applying this twice gives the same strategy. ``evaluator``
+    The ILP prices communication in isolation, so the simulator decides which of its
+    proposals are kept (:class:`_Toggle`): every one, none, or those kept by adding them
+    one at a time or dropping them one at a time, whichever steps fastest (a strategy
+    that runs out of memory loses to one that fits); with ``time_budget_s`` the passes
+    stop once it is spent. Any ``sfb`` the strategy already has is decided afresh, so
+    applying this twice gives the same strategy. ``evaluator``
     simulates them (one of this graph and cluster: a planner's, whose compiler already
     holds most of the strategy's parts); a new one with ``costs`` and ``comm`` otherwise.
 
@@ -368,53 +368,72 @@ def apply_sfb(
                 synchronized_tensor=anchor,
             )
         )
-    chosen = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
-    if not chosen:
+    every = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
+    if not every:
         return SfbApplied(plain, decisions)
     if evaluator is None:
         evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
-    before = evaluator.evaluate(plain)
-    kept = evaluator.evaluate(plain.model_copy(update={"sfb": chosen}))
-    if not (_fits_as_well(kept, before) and kept.step_time_s <= before.step_time_s):
-        proposals = sorted((d for d in decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
-        ends_at = started + time_budget_s if time_budget_s is not None else float("inf")
-        chosen, kept = _one_by_one(plain, proposals, before, evaluator, ends_at)
+    ends_at = started + time_budget_s if time_budget_s is not None else float("inf")
+    proposals = sorted((d for d in decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
+    toggle = _Toggle(plain, evaluator, ends_at)
+    with_none = evaluator.evaluate(plain)
+    with_every = evaluator.evaluate(plain.model_copy(update={"sfb": every}))
+    found = [
+        (every, with_every),
+        toggle.run(proposals, {}, with_none, add=True),
+        toggle.run(proposals[::-1], every, with_every, add=False),
+        ({}, with_none),
+    ]
+    chosen, kept = min(found, key=lambda f: (f[1].result.oom, f[1].step_time_s))
     applied = [replace(d, applied=d.parameter in chosen) for d in decisions]
     return SfbApplied(kept.strategy, applied, kept)
+
+
+class _Toggle:
+    """Proposals of the ILP added or dropped one at a time (TAG §3.2: the choice between
+    SFB and synchronization "needs to be examined for each gradient").
+
+    The ILP prices each gradient's traffic alone, so the step with every proposal is not
+    the sum of their savings: each duplicated subgraph also lengthens the backward pass a
+    little, and together they can cost more than they save, or a few of them can save more
+    than all. :func:`apply_sfb` keeps the fastest of: every proposal, none, the proposals
+    added one at a time from none (largest saving first), and dropped one at a time from
+    every one (smallest saving first). A change is kept when the step with it is faster
+    and fits wherever the step before it fits. A pass stops after ``_SFB_PATIENCE``
+    changes in a row are not kept (the rest are alike or promise less) or at ``ends_at``
+    (``time.perf_counter()``).
+    """
+
+    def __init__(self, plain: Strategy, evaluator: Evaluator, ends_at: float) -> None:
+        self.plain, self.evaluator, self.ends_at = plain, evaluator, ends_at
+
+    def run(
+        self,
+        order: list[SfbDecision],
+        chosen: dict[str, list[str]],
+        kept: Evaluation,
+        *,
+        add: bool,
+    ) -> tuple[dict[str, list[str]], Evaluation]:
+        """The subgraphs chosen after one pass over ``order`` from ``chosen`` (whose step
+        ``kept`` simulates), and the simulation of the strategy with them."""
+        rejected = 0
+        for decision in order:
+            if rejected >= _SFB_PATIENCE or time.perf_counter() > self.ends_at:
+                break
+            trial = dict(chosen)
+            if add:
+                trial[decision.parameter] = list(decision.duplicate_ops)
+            else:
+                del trial[decision.parameter]
+            after = self.evaluator.evaluate(self.plain.model_copy(update={"sfb": trial}))
+            if _fits_as_well(after, kept) and after.step_time_s < kept.step_time_s:
+                chosen, kept, rejected = trial, after, 0
+            else:
+                rejected += 1
+        return chosen, kept
 
 
 def _fits_as_well(after: Evaluation, before: Evaluation) -> bool:
     """Whether ``after`` fits in memory wherever ``before`` does."""
     return not after.result.oom or before.result.oom
-
-
-def _one_by_one(
-    plain: Strategy,
-    proposals: list[SfbDecision],
-    before: Evaluation,
-    evaluator: Evaluator,
-    ends_at: float,
-) -> tuple[dict[str, list[str]], Evaluation]:
-    """The ILP's proposals taken one at a time, largest saving first, each kept when the
-    strategy with it simulates faster (TAG §3.2: the choice between SFB and
-    synchronization "needs to be examined for each gradient").
-
-    The other proposals together can cost more than the ILP's isolated pricing says (each
-    duplicated MatMul delays the backward pass a little), which would drop with them a
-    gain that stands alone. Stops after ``_SFB_PATIENCE`` proposals in a row simulate
-    slower (the rest promise less) or at ``ends_at`` (``time.perf_counter()``); returns the
-    kept subgraphs and the simulation of the strategy with them (``before`` when none is
-    kept).
-    """
-    chosen: dict[str, list[str]] = {}
-    kept, rejected = before, 0
-    for decision in proposals:
-        if rejected >= _SFB_PATIENCE or time.perf_counter() > ends_at:
-            break
-        trial = {**chosen, decision.parameter: list(decision.duplicate_ops)}
-        after = evaluator.evaluate(plain.model_copy(update={"sfb": trial}))
-        if _fits_as_well(after, kept) and after.step_time_s < kept.step_time_s:
-            chosen, kept, rejected = trial, after, 0
-        else:
-            rejected += 1
-    return chosen, kept

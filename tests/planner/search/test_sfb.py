@@ -162,8 +162,9 @@ class TestApplySfb:
 
     def test_an_evaluator_handed_in_confirms_the_same_choice(self) -> None:
         """A planner hands in its own evaluator, whose compiler holds what the search
-        compiled: it simulates the two strategies the choice is confirmed with, and the
-        choice is the one a new evaluator confirms."""
+        compiled: it simulates the strategies the choice is confirmed with (none of the
+        proposals, every one, then one at a time), and the choice is the one a new
+        evaluator confirms."""
         ir = mlp_at_batch_4()
         simulated: list[Strategy] = []
 
@@ -181,7 +182,8 @@ class TestApplySfb:
         assert [(d.parameter, d.duplicate_ops, d.applied) for d in handed[1]] == [
             (d.parameter, d.duplicate_ops, d.applied) for d in alone[1]
         ]
-        assert [bool(s.sfb) for s in simulated] == [False, True]
+        # none, both; then added one at a time, then dropped one at a time
+        assert [len(s.sfb) for s in simulated] == [0, 2, 1, 2, 1, 1]
         # the simulation of the strategy it returns, which a planner answers with
         assert handed.evaluation.strategy is handed.strategy
         fresh = Evaluator(ir, two_1080ti()).evaluate(handed.strategy)
@@ -255,26 +257,46 @@ def transformer_under_dp_ps() -> tuple[GraphIR, Evaluator, Strategy]:
     return ir, evaluator, baseline_strategy("dp-ps", ir, evaluator.cluster, evaluator.costs)
 
 
-def test_subgraphs_that_slow_the_step_together_are_kept_one_at_a_time() -> None:
-    """TAG §3.2: SFB or synchronization "needs to be examined for each gradient". Where
-    every proposal together simulates slower, those that make the step faster one at a
-    time are kept, largest ILP saving first."""
-    ir, evaluator, dp_ps = transformer_under_dp_ps()
-    applied = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
+def _decided_per_gradient(baseline: str, ir: GraphIR, evaluator: Evaluator) -> None:
+    """SFB on ``baseline``, checked against the strategies with none and with every
+    proposal: a strict subset of the proposals is kept, the step is at least 5% faster
+    than with either, and a new evaluator simulates the same step."""
+    strategy = baseline_strategy(baseline, ir, evaluator.cluster, evaluator.costs)
+    applied = apply_sfb(strategy, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
     proposed = {d.parameter: list(d.duplicate_ops) for d in applied.decisions if d.duplicate_ops}
-    plain = evaluator.evaluate(dp_ps).step_time_s
-    every = evaluator.evaluate(dp_ps.model_copy(update={"sfb": proposed})).step_time_s
-    assert every > plain  # the premise: SFB as a whole would be dropped
+    none = evaluator.evaluate(strategy).step_time_s
+    every = evaluator.evaluate(strategy.model_copy(update={"sfb": proposed})).step_time_s
     kept = {d.parameter for d in applied.decisions if d.applied}
     assert set(applied.strategy.sfb) == kept and 0 < len(kept) < len(proposed)
     assert all(applied.strategy.sfb[name] == proposed[name] for name in kept)
     fresh = Evaluator(ir, evaluator.cluster).evaluate(applied.strategy)
-    assert applied.evaluation.step_time_s == fresh.step_time_s < 0.95 * plain
+    assert applied.evaluation.step_time_s == fresh.step_time_s < 0.95 * min(none, every)
+
+
+def test_subgraphs_that_slow_the_step_together_are_kept_one_at_a_time() -> None:
+    """TAG §3.2: SFB or synchronization "needs to be examined for each gradient". Under
+    DP-PS every proposal together simulates slower than none (the premise); added one at
+    a time, largest ILP saving first, those that make the step faster are kept."""
+    ir, evaluator, dp_ps = transformer_under_dp_ps()
+    proposed = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs).decisions
+    every = {d.parameter: list(d.duplicate_ops) for d in proposed if d.duplicate_ops}
+    with_every = evaluator.evaluate(dp_ps.model_copy(update={"sfb": every})).step_time_s
+    assert with_every > evaluator.evaluate(dp_ps).step_time_s
+    _decided_per_gradient("dp-ps", ir, evaluator)
+
+
+def test_a_few_subgraphs_can_beat_every_one() -> None:
+    """Under Horovod-like bucketed AllReduce every proposal together is faster than
+    none, and a few of them faster still: each duplicated subgraph lengthens the
+    backward pass, which the ILP's isolated pricing does not see."""
+    ir, evaluator, _ = transformer_under_dp_ps()
+    _decided_per_gradient("horovod", ir, evaluator)
 
 
 def test_one_at_a_time_stops_after_proposals_in_a_row_simulate_slower() -> None:
     """With every SFB strategy slower, the plain strategy and all proposals together are
-    simulated, then the first ``_SFB_PATIENCE`` proposals alone, and no more."""
+    simulated, then the ``_SFB_PATIENCE`` largest savings added alone and the as many
+    smallest dropped from every one, and no more."""
     simulated: list[Strategy] = []
 
     class Pessimist(Evaluator):
@@ -292,9 +314,15 @@ def test_one_at_a_time_stops_after_proposals_in_a_row_simulate_slower() -> None:
     proposals = sorted((d for d in applied.decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
     assert applied.strategy.sfb == {} and not any(d.applied for d in applied.decisions)
     assert len(proposals) > sfb_module._SFB_PATIENCE + 1
-    assert [len(s.sfb) for s in simulated] == [0, len(proposals)] + [1] * sfb_module._SFB_PATIENCE
-    assert [next(iter(s.sfb)) for s in simulated[2:]] == [
-        d.parameter for d in proposals[: sfb_module._SFB_PATIENCE]
+    patience = sfb_module._SFB_PATIENCE
+    added, dropped = [1] * patience, [len(proposals) - 1] * patience
+    assert [len(s.sfb) for s in simulated] == [0, len(proposals), *added, *dropped]
+    assert [next(iter(s.sfb)) for s in simulated[2 : 2 + patience]] == [
+        d.parameter for d in proposals[:patience]
+    ]
+    every = {d.parameter for d in proposals}
+    assert [(every - set(s.sfb)).pop() for s in simulated[2 + patience :]] == [
+        d.parameter for d in proposals[::-1][:patience]
     ]
 
 
