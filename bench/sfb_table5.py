@@ -115,9 +115,10 @@ def run_model(
         tag_sfb, tag_decisions, _ = apply_sfb(
             result.strategy, ir, cluster, evaluator.costs, evaluator.comm
         )
-        tag_sfb_gradients = f"{sum(d.applied for d in tag_decisions)} / {len(tag_decisions)}"
+        tag_applied = sum(d.applied for d in tag_decisions)
+        tag_sfb_gradients = f"{tag_applied} / {len(tag_decisions)}"
         proposed = sum(bool(d.duplicate_ops) for d in tag_decisions)
-        if proposed > sum(d.applied for d in tag_decisions):
+        if proposed > tag_applied:
             tag_sfb_gradients += f" ({proposed} proposed)"
         tag_sfb_s = evaluator.evaluate(tag_sfb).step_time_s
         tag_counts = op_type_counts(ir, tag_sfb)

@@ -368,22 +368,22 @@ def apply_sfb(
                 synchronized_tensor=anchor,
             )
         )
-    every = {d.parameter: list(d.duplicate_ops) for d in decisions if d.duplicate_ops}
-    if not every:
+    proposals = sorted((d for d in decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
+    if not proposals:
         return SfbApplied(plain, decisions)
     if evaluator is None:
         evaluator = Evaluator(ir, cluster, costs=costs, comm=comm)
-    ends_at = started + time_budget_s if time_budget_s is not None else float("inf")
-    proposals = sorted((d for d in decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
-    toggle = _Toggle(plain, evaluator, ends_at)
+    every = {d.parameter: list(d.duplicate_ops) for d in proposals}
     with_none = evaluator.evaluate(plain)
     with_every = evaluator.evaluate(plain.model_copy(update={"sfb": every}))
-    found = [
-        (every, with_every),
-        toggle.run(proposals, {}, with_none, add=True),
-        toggle.run(proposals[::-1], every, with_every, add=False),
-        ({}, with_none),
-    ]
+    found = [(every, with_every), ({}, with_none)]
+    if len(proposals) > 1:  # with one, adding and dropping it are the two simulated above
+        ends_at = started + time_budget_s if time_budget_s is not None else float("inf")
+        toggle = _Toggle(plain, evaluator, ends_at)
+        found[1:1] = [
+            toggle.run(proposals, {}, with_none, add=True),
+            toggle.run(proposals[::-1], every, with_every, add=False),
+        ]
     chosen, kept = min(found, key=lambda f: (f[1].result.oom, f[1].step_time_s))
     applied = [replace(d, applied=d.parameter in chosen) for d in decisions]
     return SfbApplied(kept.strategy, applied, kept)

@@ -248,19 +248,19 @@ class TestApplySfb:
         assert evaluation.strategy is strategy  # the simulation it compared against
 
 
-def transformer_under_dp_ps() -> tuple[GraphIR, Evaluator, Strategy]:
-    """The zoo Transformer at batch 4 under DP-PS on two 1080 Ti at 100 Gbps: the ILP
-    proposes 99 subgraphs, and all of them together step slower than none."""
+def transformer_at_batch_4() -> tuple[GraphIR, Evaluator]:
+    """The zoo Transformer at batch 4 on two 1080 Ti at 100 Gbps (under DP-PS the ILP
+    proposes 99 subgraphs)."""
     source = load_graph_source("zoo:transformer")
     ir = analyze(source.graph_def, batch_size=4, batch_inputs=source.batch_inputs, loss=source.loss)
-    evaluator = Evaluator(ir, two_1080ti(100))
-    return ir, evaluator, baseline_strategy("dp-ps", ir, evaluator.cluster, evaluator.costs)
+    return ir, Evaluator(ir, two_1080ti(100))
 
 
-def _decided_per_gradient(baseline: str, ir: GraphIR, evaluator: Evaluator) -> None:
+def _decided_per_gradient(baseline: str, ir: GraphIR, evaluator: Evaluator) -> tuple[float, float]:
     """SFB on ``baseline``, checked against the strategies with none and with every
     proposal: a strict subset of the proposals is kept, the step is at least 5% faster
-    than with either, and a new evaluator simulates the same step."""
+    than with either, and a new evaluator simulates the same step. Returns the steps with
+    none and with every proposal."""
     strategy = baseline_strategy(baseline, ir, evaluator.cluster, evaluator.costs)
     applied = apply_sfb(strategy, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
     proposed = {d.parameter: list(d.duplicate_ops) for d in applied.decisions if d.duplicate_ops}
@@ -271,26 +271,23 @@ def _decided_per_gradient(baseline: str, ir: GraphIR, evaluator: Evaluator) -> N
     assert all(applied.strategy.sfb[name] == proposed[name] for name in kept)
     fresh = Evaluator(ir, evaluator.cluster).evaluate(applied.strategy)
     assert applied.evaluation.step_time_s == fresh.step_time_s < 0.95 * min(none, every)
+    return none, every
 
 
 def test_subgraphs_that_slow_the_step_together_are_kept_one_at_a_time() -> None:
     """TAG §3.2: SFB or synchronization "needs to be examined for each gradient". Under
     DP-PS every proposal together simulates slower than none (the premise); added one at
     a time, largest ILP saving first, those that make the step faster are kept."""
-    ir, evaluator, dp_ps = transformer_under_dp_ps()
-    proposed = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs).decisions
-    every = {d.parameter: list(d.duplicate_ops) for d in proposed if d.duplicate_ops}
-    with_every = evaluator.evaluate(dp_ps.model_copy(update={"sfb": every})).step_time_s
-    assert with_every > evaluator.evaluate(dp_ps).step_time_s
-    _decided_per_gradient("dp-ps", ir, evaluator)
+    none, every = _decided_per_gradient("dp-ps", *transformer_at_batch_4())
+    assert every > none
 
 
 def test_a_few_subgraphs_can_beat_every_one() -> None:
     """Under Horovod-like bucketed AllReduce every proposal together is faster than
     none, and a few of them faster still: each duplicated subgraph lengthens the
     backward pass, which the ILP's isolated pricing does not see."""
-    ir, evaluator, _ = transformer_under_dp_ps()
-    _decided_per_gradient("horovod", ir, evaluator)
+    none, every = _decided_per_gradient("horovod", *transformer_at_batch_4())
+    assert every < none
 
 
 def test_one_at_a_time_stops_after_proposals_in_a_row_simulate_slower() -> None:
@@ -308,8 +305,9 @@ def test_one_at_a_time_stops_after_proposals_in_a_row_simulate_slower() -> None:
                 return dataclasses.replace(evaluation, result=slower)
             return evaluation
 
-    ir, plain_evaluator, dp_ps = transformer_under_dp_ps()
+    ir, plain_evaluator = transformer_at_batch_4()
     evaluator = Pessimist(ir, plain_evaluator.cluster)
+    dp_ps = baseline_strategy("dp-ps", ir, evaluator.cluster, evaluator.costs)
     applied = apply_sfb(dp_ps, ir, evaluator.cluster, evaluator.costs, evaluator=evaluator)
     proposals = sorted((d for d in applied.decisions if d.duplicate_ops), key=lambda d: -d.saving_s)
     assert applied.strategy.sfb == {} and not any(d.applied for d in applied.decisions)
