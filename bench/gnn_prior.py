@@ -33,7 +33,6 @@ slow) add up; ``--write`` turns every line of the file into the BENCHMARKS.md se
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -44,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-from bench.report import add_case_run_arguments, records_done, write_section
+from bench.report import add_case_run_arguments, append_records, records_done, write_section
 from bench.search_yardstick import run_annealing
 from tagplan.gnn import load_prior
 from tagplan.gnn.dataset import Case, search_for
@@ -77,6 +76,26 @@ def eval_cases(models: list[str], per_model: int, seed: int) -> list[Case]:
             cluster, cluster_seed = _large_cluster(rng) if index % 2 else _tag_cluster(rng)
             cases.append(Case(f"zoo:{model}", cluster, cluster_seed))
     return cases
+
+
+def cases_left(args: argparse.Namespace) -> list[Case]:
+    """The cases of ``args.models``, ``args.per_model`` and ``args.seed`` that the JSON
+    lines of ``args.out`` do not hold yet (a run resumes)."""
+    done = records_done(args.out, _case_key)
+    return [
+        c
+        for c in eval_cases(args.models, args.per_model, args.seed)
+        if (c.graph, c.cluster) not in done
+    ]
+
+
+def records_of(args: argparse.Namespace) -> list[dict]:
+    """Every case record of ``args.out``."""
+    return list(records_done(args.out, _case_key).values())
+
+
+def _case_key(record: dict) -> tuple[str, str]:
+    return record["graph"], record["cluster"]
 
 
 def _tag_cluster(rng: random.Random) -> tuple[str, int]:
@@ -377,6 +396,13 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
     )
 
 
+def _describe(record: dict) -> str:
+    return (
+        f"{record['graph']} {record['cluster']} {record['uniform_iterations']} "
+        f"{record['gnn_iterations']} {record['wall_s']:.0f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", default=MODELS)
@@ -393,12 +419,7 @@ def main() -> None:
     )
     add_case_run_arguments(parser, "bench-gnn-prior.jsonl")
     args = parser.parse_args()
-    done = records_done(args.out, lambda r: (r["graph"], r["cluster"]))
-    cases = [
-        c
-        for c in eval_cases(args.models, args.per_model, args.seed)
-        if (c.graph, c.cluster) not in done
-    ]
+    cases = cases_left(args)
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [
             pool.submit(
@@ -406,24 +427,12 @@ def main() -> None:
             )
             for c in cases
         ]
-        for future in futures:
-            record = future.result()
-            with args.out.open("a") as out:
-                out.write(json.dumps(record) + "\n")
-            print(
-                record["graph"],
-                record["cluster"],
-                record["uniform_iterations"],
-                record["gnn_iterations"],
-                f"{record['wall_s']:.0f} s",
-                flush=True,
-            )
-            done[(record["graph"], record["cluster"])] = record
+        append_records(futures, args.out, _describe)
     latency_record = latency(args.checkpoint) if args.latency else None
     if latency_record:
         print(latency_record)
     if args.write:
-        write(list(done.values()), latency_record, args)
+        write(records_of(args), latency_record, args)
 
 
 if __name__ == "__main__":

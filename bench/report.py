@@ -9,6 +9,7 @@ import platform
 import statistics
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -103,6 +104,16 @@ def add_case_run_arguments(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+
+
+def append_records(futures: Iterable[Future], path: Path, describe: Callable[[dict], str]) -> None:
+    """Append each future's record to ``path`` (JSON lines) as it comes, in order, and
+    print ``describe(record)``: a run stopped part way resumes from the file."""
+    for future in futures:
+        record = future.result()
+        with path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        print(describe(record), flush=True)
 
 
 def records_done(path: Path, key) -> dict:

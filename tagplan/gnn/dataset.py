@@ -99,12 +99,14 @@ def search_for(
     scores: dict | None = None,
     shuffle_ties: bool = True,
     layouts: bool = False,
+    sweep: bool = False,
 ) -> StrategySearch:
     """The search a plan would run for ``case`` (module docstring), with ``prior``;
     ``scores`` shares simulations with other searches of the same case. Training breaks
     ties at random (TAG's pure MCTS), so the targets do not learn the candidate order;
     a plan's first tree breaks them in that order (``shuffle_ties=False``). With
-    ``layouts`` the tree holds the pipelines too (:func:`layout_branches_for`)."""
+    ``layouts`` the tree holds the pipelines too (:func:`layout_branches_for`); with
+    ``sweep`` it starts with the uniform strategies, as a plan's first tree does."""
     ir, cluster = _ir(case.graph), load_cluster(case.cluster)
     evaluator = Evaluator(ir, cluster)
     grouping = group_ops(ir, cluster_mean_op_time_s(ir, cluster, evaluator.costs), seed=case.seed)
@@ -120,6 +122,7 @@ def search_for(
         shuffle_ties=shuffle_ties,
         scores=scores,
         layouts=layout_branches_for(evaluator, space, reference) if layouts else None,
+        sweep=sweep,
     )
 
 

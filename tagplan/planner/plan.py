@@ -636,6 +636,7 @@ class Planner:
             shuffle_ties=seed != self.options.seed,
             layouts=self.layouts,
             bar_s=self._bar_s(),
+            sweep=seed == self.options.seed,
         )
 
     def _bar_s(self) -> float | None:
@@ -884,6 +885,7 @@ class Planner:
             bounded=sum(o.bounded for o in outcomes),
             transposed=sum(o.transposed for o in outcomes),
             refined=sum(o.refined for o in outcomes),
+            swept=sum(o.swept for o in outcomes),
             first_better_iteration=min(
                 (o.first_better_iteration for o in outcomes if o.first_better_iteration),
                 default=None,

@@ -39,8 +39,9 @@ def report_markdown(summary: dict[str, Any], title: str = "tagplan plan") -> str
         f"Predicted step: **{ms(step)} ms** (chosen from: {summary['chosen_from']}){headline}; "
         f"lower bound {ms(bound)} ms{_comm_bound_text(summary, ms)}; "
         f"planned in {summary['plan_time_s']:.1f} s over "
-        f"{summary['iterations']} search iterations ({summary.get('refined', 0)} of them "
-        f"refining the tree's best; search stopped: {summary['stop_reason']}; "
+        f"{summary['iterations']} search iterations ({summary.get('swept', 0)} of them on "
+        f"uniform strategies by their bounds, {summary.get('refined', 0)} refining the "
+        f"tree's best; search stopped: {summary['stop_reason']}; "
         f"prior: {summary.get('prior', 'uniform')}).",
         *(
             f"- {name}: {p['status']} ({p['note']})"

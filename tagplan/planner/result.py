@@ -76,6 +76,7 @@ class PlanResult:
     bounded: int = 0  # strategies the search did not simulate: their step bound lost
     transposed: int = 0  # nor these: each compiles as one it simulated
     refined: int = 0  # iterations spent moving the tree's best one op group at a time
+    swept: int = 0  # iterations on uniform strategies, least step bound first
 
     def with_graphdef(self, graph_def: Any, ir: GraphIR, cluster: Cluster) -> PlanResult:
         """This result with its distributed GraphDef compiled over ``graph_def`` (the graph
@@ -156,6 +157,7 @@ class PlanResult:
             "bounded": self.bounded,
             "transposed": self.transposed,
             "refined": self.refined,
+            "swept": self.swept,
             "first_better_iteration": self.first_better_iteration,
             "peak_memory_bytes": self.peak_memory_bytes,
             "device_busy_fraction": {

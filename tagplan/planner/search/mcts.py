@@ -19,6 +19,10 @@ Each iteration
    below, lends its parent's, or the best strategy's);
 4. **backs up** the reward along the path (N and the running mean Q).
 
+A plan's first tree (``sweep``) starts with the uniform strategies, each its root edge's
+first visit, least step bound first while one could still win (:mod:`.uniform_sweep`):
+on a root of hundreds of edges the best of them may lie deep in the candidate order.
+
 With :class:`~.layout_branches.LayoutBranches` (an allocation of several units) the root
 decides the layout first: TAG's per-group decisions as above, or one of the pipeline
 layouts, below which the tree decides the micro-batches and each stage's gradient
@@ -132,6 +136,7 @@ from tagplan.planner.search.prior import (
     SearchContext,
     UniformPrior,
 )
+from tagplan.planner.search.uniform_sweep import UniformSweep, sweep_order
 from tagplan.planner.sim.simulate import SimResult
 from tagplan.planner.strategy import OpGroup, Option, Strategy, load_strategy
 
@@ -156,6 +161,8 @@ _REFINEMENT_LONG_SHARE = 0.25
 # mean move time: a long window of moves that cost a tenth of a second each would double a
 # plan's time, where the same window of millisecond moves costs a fraction of a second
 _REFINEMENT_WINDOW_SHARE = 0.1
+# the share of the search's budget the sweep's step bounds may take (module docstring)
+_SWEEP_BOUND_SHARE = 0.1
 _REJECTED_REWARD = -1e3  # a strategy the engine refused: never preferred
 _REFERENCE_REWARD = 1.0  # a strategy as fast as the reference
 # what a strategy ruled out by its step bound counts for in the convergence window, against
@@ -194,6 +201,7 @@ class SearchOutcome:
     bounded: int = 0  # strategies not simulated: their step bound could not win
     transposed: int = 0  # strategies not simulated: they compile as one simulated before
     refined: int = 0  # iterations spent on single-group moves from the best (refinement)
+    swept: int = 0  # iterations the sweep of uniform strategies chose (uniform_sweep)
 
     @property
     def strategy(self) -> Strategy:
@@ -350,7 +358,8 @@ class StrategySearch:
     tree has simulated its first (a plan answers the faster of the two). ``scores`` (a
     dict) lets searches over the same evaluator, groups, actions and reference share what
     they simulated; their ``evaluations`` then count the shared strategies. ``layouts``
-    puts pipelines in the tree (module docstring).
+    puts pipelines in the tree (module docstring). ``sweep`` starts the tree with the
+    uniform strategies in the order of their step bounds (:mod:`.uniform_sweep`).
     """
 
     def __init__(
@@ -368,9 +377,11 @@ class StrategySearch:
         scores: dict | None = None,
         layouts: LayoutBranches | None = None,
         bar_s: float | None = None,
+        sweep: bool = False,
     ) -> None:
         self.evaluator, self.grouping, self.space = evaluator, grouping, space
         self.bar_s = bar_s
+        self.sweep = sweep
         self.layouts = layouts
         self.reference_step_s = reference_step_s
         self.prior = prior or UniformPrior()
@@ -388,6 +399,7 @@ class StrategySearch:
         # sharing ``scores`` may have a slower best)
         self._bounded: dict[tuple[int, ...], _Scored] = {}
         self._passed: dict[tuple[int, ...], float] = {}  # bounds of strategies then simulated
+        self._swept_bounds: dict[tuple[int, ...], float] = {}  # the sweep's, by key
         # simulated step over bound of each simulated strategy this tree met that passed a
         # bound first (in the shared scores, as another tree may have simulated it)
         self._step_over_bound: list[float] = []
@@ -510,16 +522,18 @@ class StrategySearch:
         if is_pipelined_key(key):
             return None
         mean_s = self._simulation_s / self._simulations if self._simulations else 0.0
+        bound_s = self._swept_bounds.get(key)
         try:
-            if self._timed and not self._payoff.worth(mean_s):
+            if bound_s is None and self._timed and not self._payoff.worth(mean_s):
                 bound_s = self.evaluator.compute_bound_s(self.strategy_of(key))
                 if bound_s < beat_s:
                     return None
             else:
-                started = time.perf_counter()
-                bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
-                if math.isfinite(beat_s):  # the tree's first is bounded for the ratio only
-                    self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
+                if bound_s is None:
+                    started = time.perf_counter()
+                    bound_s = self.evaluator.step_bound_s(self.strategy_of(key))
+                    if math.isfinite(beat_s):  # the tree's first is bounded for the ratio only
+                        self._payoff.record(bound_s >= beat_s, time.perf_counter() - started)
                 if bound_s < beat_s:
                     self._passed[key] = bound_s
                     return None
@@ -779,6 +793,7 @@ class StrategySearch:
         settled: str | None = None  # why the tree stopped: the refinement then starts
         refined = 0
         refine_started = math.inf
+        sweep = self._sweep(started, deadline) if self.sweep else None
         while True:
             if iterations is not None and done >= iterations:
                 stop_reason = "iterations"
@@ -808,6 +823,14 @@ class StrategySearch:
                 if key is None:
                     stop_reason = settled
                     break
+            elif sweep is not None and (swept := sweep.next(self._beat_s(flat_best))) is not None:
+                vertex = root if self.layouts is None else root.children[0]
+                action = swept
+                path = [(root, 0)] if self.layouts is not None else []
+                path.append((vertex, action))
+                decided = [e for _, e in path]
+                child = vertex.children.get(action)
+                key = self._key(decided)
             else:
                 vertex = root
                 hold = (
@@ -839,6 +862,9 @@ class StrategySearch:
                 scored = known or self.score(key)
                 self._meet(key, scored)
                 refined += moves is not None
+                swept_simulation = not (scored.bounded or scored.oom) and key in self._swept_bounds
+                if sweep is not None and swept_simulation:
+                    sweep.simulated(key[0], scored.step_time_s)
             if child is None and len(decided) < self._depth(decided):
                 feedback = scored.feedback
                 if scored.bounded:
@@ -906,6 +932,7 @@ class StrategySearch:
                 s.same_as is not None for s in (*self._scores.values(), *self._bounded.values())
             ),
             refined=refined,
+            swept=0 if sweep is None else len(sweep.taken),
         )
 
     def _improves(
@@ -965,6 +992,21 @@ class StrategySearch:
             return least
         long = refined_from / 2 if improved_at == refined_from else improved_at
         return max(least, min(long, moves_fit))
+
+    def _sweep(self, started: float, deadline: float) -> UniformSweep:
+        """The sweep of the uniform strategies (:mod:`.uniform_sweep`), their step bounds
+        computed within :data:`_SWEEP_BOUND_SHARE` of the budget (all of them without one)
+        and kept for :meth:`_ruled_out`."""
+        groups = self.grouping.num_groups
+
+        def bound_s(action: int) -> float:
+            return self.evaluator.step_bound_s(self.strategy_of((action,) * groups))
+
+        ends_at = started + _SWEEP_BOUND_SHARE * (deadline - started)
+        options = {a: action.option for a, action in enumerate(self.space.actions)}
+        sweep = sweep_order(bound_s, len(self.space), ends_at, options)
+        self._swept_bounds = {(a,) * groups: b for a, b in sweep.bounds_s.items()}
+        return sweep
 
     def _moves_fit(self, budget_s: float, refine_started: float, refined: int) -> float:
         """How many refinement moves fit in its window's share of ``budget_s`` at the mean
