@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from bench.gnn_prior import MODELS, WITHIN, cases_left, records_of
+from bench.gnn_prior import MODELS, WITHIN, _count, _first_within, cases_left, records_of
 from bench.report import add_case_run_arguments, append_records, write_section
 from tagplan.gnn import load_prior
 from tagplan.gnn.dataset import Case, search_for
@@ -52,28 +51,20 @@ def run_case(case: Case, iterations: int, checkpoint: str | None) -> dict:
         def watch(p: SearchProgress, best: list[float] = best) -> None:
             best.append(math.inf if p.best_step_time_s is None else p.best_step_time_s)
 
-        started = time.perf_counter()
         outcome = search.run(iterations=iterations, progress=watch)
         traces[name] = best
         record[name] = {"best_s": min(best), "swept": outcome.swept}
-        record[name]["wall_s"] = time.perf_counter() - started
-        record.update(
-            groups=search.grouping.num_groups,
-            device_groups=search.space.cluster.num_groups,
-            gpus=search.space.cluster.num_devices,
-            actions=len(search.space),
-        )
+    record.update(  # the four searches share their op groups and actions
+        groups=search.grouping.num_groups,
+        device_groups=search.space.cluster.num_groups,
+        gpus=search.space.cluster.num_devices,
+        actions=len(search.space),
+    )
     known = min(min(trace) for trace in traces.values())
     record["known_s"] = known
     for name, trace in traces.items():
-        record[name]["iterations"] = next(
-            (i for i, s in enumerate(trace, start=1) if s <= known * WITHIN), None
-        )
+        record[name]["iterations"] = _first_within(trace, known * WITHIN)
     return record
-
-
-def _count(value: int | None, iterations: int) -> int:
-    return value if value is not None else iterations + 1
 
 
 def _geomean(values: list[float]) -> float:

@@ -815,6 +815,7 @@ class StrategySearch:
             decided: list[int] = []
             child: _Vertex | None = root  # a move or the start leaves the tree as it was
             starting = start_key is not None and done == 0
+            sweeping = False
             if starting:
                 key = start_key
                 scored = self.score(key)
@@ -823,12 +824,11 @@ class StrategySearch:
                 if key is None:
                     stop_reason = settled
                     break
-            elif sweep is not None and (swept := sweep.next(self._beat_s(flat_best))) is not None:
+            elif sweep is not None and (action := sweep.next(self._beat_s(flat_best))) is not None:
+                sweeping = True
                 vertex = root if self.layouts is None else root.children[0]
-                action = swept
-                path = [(root, 0)] if self.layouts is not None else []
-                path.append((vertex, action))
-                decided = [e for _, e in path]
+                path = [(vertex, action)] if self.layouts is None else [(root, 0), (vertex, action)]
+                decided = [edge for _, edge in path]
                 child = vertex.children.get(action)
                 key = self._key(decided)
             else:
@@ -862,9 +862,8 @@ class StrategySearch:
                 scored = known or self.score(key)
                 self._meet(key, scored)
                 refined += moves is not None
-                swept_simulation = not (scored.bounded or scored.oom) and key in self._swept_bounds
-                if sweep is not None and swept_simulation:
-                    sweep.simulated(key[0], scored.step_time_s)
+                if sweeping and not (scored.bounded or scored.oom):
+                    sweep.simulated(action, scored.step_time_s)
             if child is None and len(decided) < self._depth(decided):
                 feedback = scored.feedback
                 if scored.bounded:

@@ -107,3 +107,21 @@ def test_a_plan_sweeps_in_its_first_tree_only() -> None:
     result = plan(ir, load_cluster("testbed"), options=replace(options, shards=2))
     assert result.swept == first.swept
     assert f"{first.swept} of them on uniform strategies" in report_markdown(result.summary())
+
+
+def test_the_tree_takes_the_sweeps_bounds_instead_of_bounding_again() -> None:
+    """Every uniform strategy is bounded once, by the sweep: the strategies the tree then
+    meets (the swept ones among them) are looked up, not bounded a second time."""
+    search = make_search("small_cnn", load_cluster("testbed"))
+    search.sweep = True
+    bound_s = search.evaluator.step_bound_s
+    bounded: list[str] = []
+
+    def once(strategy):
+        bounded.append(strategy.model_dump_json())
+        return bound_s(strategy)
+
+    search.evaluator.step_bound_s = once  # type: ignore[method-assign]
+    outcome = search.run(iterations=60)
+    assert outcome.swept >= 2
+    assert len(bounded) == len(set(bounded)) > len(search.space)
