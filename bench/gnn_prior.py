@@ -20,6 +20,10 @@ iteration count.
 shared, the best known step the best of every search) and writes a table of them beside
 the main checkpoint: training options compared side by side before one is shipped.
 
+``--sweep`` runs every MCTS with the sweep of uniform strategies that a plan's first tree
+starts with (docs/design.md §7, *The sweep*) and writes its own section: Table 7 for the
+tree a plan runs, where without it the section stands for TAG's pure MCTS.
+
 ``--budgets`` adds the small-budget comparison: on the cases with 8 or more device
 groups, the step each prior reaches with a wall-clock search budget of 2 s and 5 s (the
 prior's inference included). ``--latency`` measures the prior's inference per expansion
@@ -129,8 +133,8 @@ def _first_within(trace: list[float], target_s: float) -> int | None:
     return next((i for i, s in enumerate(trace, start=1) if s <= target_s), None)
 
 
-def _budget_step(case: Case, prior, budget_s: float) -> float:
-    outcome = search_for(case, prior, shuffle_ties=False).run(budget_s=budget_s)
+def _budget_step(case: Case, prior, budget_s: float, sweep: bool) -> float:
+    outcome = search_for(case, prior, shuffle_ties=False, sweep=sweep).run(budget_s=budget_s)
     return math.inf if outcome.oom else outcome.step_time_s
 
 
@@ -141,25 +145,28 @@ def run_case(
     budgets: bool,
     checkpoint: str | None,
     also: Sequence[str] = (),
+    sweep: bool = False,
 ):
     torch.set_num_threads(1)
     gnn = load_prior(checkpoint)
     others = {path: load_prior(path) for path in also}
     started = time.perf_counter()
     scores: dict = {}  # the case's simulations, shared by its searches
-    uniform_search = search_for(case, None, scores=scores, shuffle_ties=False)
+
+    def tree(prior) -> StrategySearch:
+        return search_for(case, prior, scores=scores, shuffle_ties=False, sweep=sweep)
+
+    uniform_search = tree(None)
     uniform = _trace(uniform_search, iterations)
-    guided = _trace(search_for(case, gnn, scores=scores, shuffle_ties=False), iterations)
-    other_traces = {
-        path: _trace(search_for(case, prior, scores=scores, shuffle_ties=False), iterations)
-        for path, prior in others.items()
-    }
+    guided = _trace(tree(gnn), iterations)
+    other_traces = {path: _trace(tree(prior), iterations) for path, prior in others.items()}
     annealer = search_for(case, None, scores=scores, shuffle_ties=False)
     annealed = run_annealing(annealer, (0,) * annealer.grouping.num_groups, anneal, 0).best_s
     known = min(min(uniform), min(guided), min(annealed), *map(min, other_traces.values()))
     record = {
         "graph": case.graph,
         "cluster": case.cluster,
+        "sweep": sweep,
         "groups": uniform_search.grouping.num_groups,
         "device_groups": uniform_search.space.cluster.num_groups,
         "gpus": uniform_search.space.cluster.num_devices,
@@ -184,10 +191,10 @@ def run_case(
         }
     if budgets and record["device_groups"] >= 8:
         for budget in (2.0, 5.0):
-            record[f"uniform_{budget:g}s"] = _budget_step(case, None, budget)
-            record[f"gnn_{budget:g}s"] = _budget_step(case, gnn, budget)
+            record[f"uniform_{budget:g}s"] = _budget_step(case, None, budget, sweep)
+            record[f"gnn_{budget:g}s"] = _budget_step(case, gnn, budget, sweep)
             for path, prior in others.items():
-                record["also"][path][f"{budget:g}s"] = _budget_step(case, prior, budget)
+                record["also"][path][f"{budget:g}s"] = _budget_step(case, prior, budget, sweep)
     record["wall_s"] = time.perf_counter() - started
     return record
 
@@ -368,7 +375,14 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
             "same op groups, actions and simulator, as `tagplan plan` builds them: the MCTS "
             "with the uniform prior (ties in the candidate generator's order, as a plan's "
             "first tree), the same MCTS with the shipped GNN prior, and simulated annealing "
-            "(`bench/search_yardstick.py`) as a yardstick outside the tree. The best known "
+            "(`bench/search_yardstick.py`) as a yardstick outside the tree."
+            + (
+                " Both trees, in the budget rows too, start with the sweep of uniform "
+                "strategies as a plan's first tree does (docs/design.md §7, *The sweep*)."
+                if args.sweep
+                else " Both trees are TAG's pure MCTS, without the sweep."
+            )
+            + " The best known "
             "step of a case is the best any of them found; each MCTS's figure is the "
             "iterations until its best came within 1% of it (TAG Table 7). The budget rows "
             "run each prior's search alone for 2 s and 5 s of wall clock (inference included) "
@@ -385,10 +399,13 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
         ]
     )
     write_section(
-        "gnn-prior",
-        "What the GNN prior buys the search (TAG Table 7 on unseen clusters)",
+        "gnn-prior-sweep" if args.sweep else "gnn-prior",
+        "What the GNN prior buys a plan's first tree (TAG Table 7 with the sweep)"
+        if args.sweep
+        else "What the GNN prior buys the search (TAG Table 7 on unseen clusters)",
         f"python -m bench.gnn_prior --models ... --per-model N --iterations "
         f"{args.iterations} --anneal {args.anneal}"
+        + (" --sweep" if args.sweep else "")
         + (" --budgets" if args.budgets else "")
         + (" --latency" if args.latency else "")
         + " --write",
@@ -412,6 +429,9 @@ def main() -> None:
     parser.add_argument("--budgets", action="store_true")
     parser.add_argument("--latency", action="store_true")
     parser.add_argument(
+        "--sweep", action="store_true", help="every MCTS starts with the uniform strategies"
+    )
+    parser.add_argument(
         "--also",
         nargs="*",
         default=[],
@@ -419,11 +439,23 @@ def main() -> None:
     )
     add_case_run_arguments(parser, "bench-gnn-prior.jsonl")
     args = parser.parse_args()
+    if any(r.get("sweep", False) != args.sweep for r in records_of(args)):
+        parser.error(
+            f"{args.out} holds cases searched {'without' if args.sweep else 'with'} "
+            "the sweep; name another --out"
+        )
     cases = cases_left(args)
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [
             pool.submit(
-                run_case, c, args.iterations, args.anneal, args.budgets, args.checkpoint, args.also
+                run_case,
+                c,
+                args.iterations,
+                args.anneal,
+                args.budgets,
+                args.checkpoint,
+                args.also,
+                args.sweep,
             )
             for c in cases
         ]
