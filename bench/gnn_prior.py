@@ -398,11 +398,17 @@ def write(records: list[dict], latency_record: dict | None, args) -> None:
             *_side_by_side(records, args),
         ]
     )
-    write_section(
-        "gnn-prior-sweep" if args.sweep else "gnn-prior",
-        "What the GNN prior buys a plan's first tree (TAG Table 7 with the sweep)"
+    key, title = (
+        (
+            "gnn-prior-sweep",
+            "What the GNN prior buys a plan's first tree (TAG Table 7 with the sweep)",
+        )
         if args.sweep
-        else "What the GNN prior buys the search (TAG Table 7 on unseen clusters)",
+        else ("gnn-prior", "What the GNN prior buys the search (TAG Table 7 on unseen clusters)")
+    )
+    write_section(
+        key,
+        title,
         f"python -m bench.gnn_prior --models ... --per-model N --iterations "
         f"{args.iterations} --anneal {args.anneal}"
         + (" --sweep" if args.sweep else "")
